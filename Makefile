@@ -1,0 +1,35 @@
+# make train [group=option ... key=value ...]   train (Hydra overrides pass through, e.g. make train pe=alibi)
+# make test                                     the test suite (what CI runs)
+# Both create .venv on first use. On a machine without nvidia-smi the CPU build of torch is installed first, so pip
+# never pulls the multi-GB CUDA build; set TORCH_SPEC / TORCH_INDEX to choose another (see README, Install).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# command-line overrides such as pe=alibi or optim.lr=1e-3 go to train.py
+OVERRIDES := $(filter-out PYTHON=% VENV=% TORCH_SPEC=% TORCH_INDEX=% PYTEST_ARGS=%,$(MAKEOVERRIDES))
+
+.PHONY: train test env clean
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "GPU machine: torch comes from pyproject.toml's dependencies"; \
+	else \
+		echo "CPU machine: installing $(TORCH_SPEC) (CPU build) first"; \
+		$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
+	fi
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) train.py $(OVERRIDES)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf outputs cache wandb .pytest_cache

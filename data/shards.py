@@ -1,0 +1,131 @@
+"""Token shards and the loader that reads them.
+
+Shard file (little endian):
+    bytes 0..7    magic b"DUALTOK\\0"
+    4 bytes       format version (1)
+    4 bytes       bytes per token: 2 (uint16) or 4 (uint32)
+    8 bytes       number of tokens
+    8 bytes       vocabulary size of the tokenizer that wrote it
+    ...           zero padding up to HEADER_BYTES (64)
+    tokens        memory-mapped by the loader
+Documents are joined with one end-of-text token after each (it also serves as BOS of the next document).
+Shards are written to a temporary name, flushed, fsynced and renamed: a reader never sees half a shard.
+
+Loader: a shard of n tokens holds (n - 1) // T windows of T + 1 tokens (input + shifted target) at stride T. The
+windows of all shards form one list, shuffled by a permutation that depends only on (seed, epoch). Global sample g
+(g = step * samples_per_step + i) is window perm_{g // N}[g % N]. A batch is therefore a pure function of the step:
+resuming needs only the step number, and any world size sees the same global batch (each rank takes a slice).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MAGIC = b"DUALTOK\0"
+VERSION = 1
+HEADER_BYTES = 64
+_HEADER = struct.Struct("<8sIIQQ")
+
+
+class ShardError(ValueError):
+    pass
+
+
+def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
+    """Write tokens atomically: to `path.tmp`, fsync, then rename over `path`."""
+    path = Path(path)
+    dtype = np.uint16 if vocab_size <= 2 ** 16 else np.uint32
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ShardError(f"{path}: token ids must lie in [0, {vocab_size}), got [{tokens.min()}, {tokens.max()}]")
+    header = _HEADER.pack(MAGIC, VERSION, np.dtype(dtype).itemsize, tokens.size, vocab_size).ljust(HEADER_BYTES, b"\0")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header)
+        f.write(tokens.astype(dtype).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_header(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ShardError(f"shard {path} does not exist (prepare the data first; see README 'Data')")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(HEADER_BYTES)
+    if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
+        raise ShardError(f"{path} is not a token shard (bad magic); re-run the data preparation")
+    magic, version, itemsize, n, vocab = _HEADER.unpack(raw[:_HEADER.size])
+    if version != VERSION or itemsize not in (2, 4):
+        raise ShardError(f"{path}: unsupported shard version {version} / token size {itemsize}")
+    if size != HEADER_BYTES + n * itemsize:
+        raise ShardError(f"{path} is truncated: header says {n} tokens ({HEADER_BYTES + n * itemsize} bytes), "
+                         f"file has {size} bytes; delete it and re-run the data preparation")
+    return {"n_tokens": n, "vocab_size": vocab, "dtype": np.uint16 if itemsize == 2 else np.uint32}
+
+
+def read_shard(path: str | Path) -> np.ndarray:
+    h = read_header(path)
+    return np.memmap(path, dtype=h["dtype"], mode="r", offset=HEADER_BYTES, shape=(h["n_tokens"],))
+
+
+class TokenWindows:
+    """Fixed-length windows of seq_len + 1 tokens over a list of shards, in a seeded order per epoch."""
+
+    def __init__(self, paths, seq_len: int, vocab_size: int | None = None, seed: int = 0, shuffle: bool = True):
+        if not paths:
+            raise ShardError("no shards given")
+        self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
+        self.shards, starts = [], []
+        for i, p in enumerate(paths):
+            h = read_header(p)
+            if vocab_size is not None and h["vocab_size"] != vocab_size:
+                raise ShardError(f"{p} was written for a vocabulary of {h['vocab_size']} tokens, the model has "
+                                 f"{vocab_size}: re-tokenize the data with the model's tokenizer")
+            self.shards.append(read_shard(p))
+            n_win = (h["n_tokens"] - 1) // seq_len
+            starts.append(np.stack([np.full(n_win, i), np.arange(n_win) * seq_len], 1))
+        self.index = np.concatenate(starts).astype(np.int64)
+        if len(self.index) == 0:
+            total = sum(len(s) for s in self.shards)
+            raise ShardError(f"{total} tokens in {len(paths)} shard(s) do not fill one window of {seq_len + 1} "
+                             "tokens: lower model.seq_len or add data")
+        self._perm_epoch, self._perm = None, None
+
+    def __len__(self):
+        return len(self.index)
+
+    def window(self, g: int) -> np.ndarray:
+        """The window of global sample g (cycles through epochs, reshuffled each epoch)."""
+        epoch, i = divmod(g, len(self.index))
+        if self.shuffle:
+            if self._perm_epoch != epoch:
+                self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.index))
+                self._perm_epoch = epoch
+            i = self._perm[i]
+        shard, start = self.index[i]
+        return np.asarray(self.shards[shard][start:start + self.seq_len + 1], dtype=np.int64)
+
+    def batch(self, sample_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.from_numpy(np.stack([self.window(int(g)) for g in sample_ids]))
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+class TrainBatches:
+    """Micro-batches of one rank. Step s, micro-step m, rank r of world w reads global samples
+    s*G + (m*w + r)*b + [0, b), with G = accum * w * b the global batch in sequences."""
+
+    def __init__(self, windows: TokenWindows, micro_batch: int, accum: int, rank: int = 0, world: int = 1):
+        self.windows, self.b, self.accum, self.rank, self.world = windows, micro_batch, accum, rank, world
+        self.global_batch = micro_batch * accum * world
+
+    def get(self, step: int, micro: int):
+        start = step * self.global_batch + (micro * self.world + self.rank) * self.b
+        return self.windows.batch(range(start, start + self.b))

@@ -1,0 +1,84 @@
+"""Tokenizers: `bpe` (a byte-level BPE trained locally with Hugging Face `tokenizers`, seconds on a CPU), `byte`
+(256 byte values + end-of-text), or any Hugging Face tokenizer by name or by local tokenizer.json path.
+The chosen tokenizer is serialised into every checkpoint, so evaluation and sampling never need the data again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EOT = "<|endoftext|>"
+
+
+class Tokenizer:
+    def __init__(self, kind: str, spec: str | None = None):
+        self.kind, self.spec = kind, spec
+        if kind == "byte":
+            self.vocab_size, self.eot_id = 257, 256
+            return
+        from tokenizers import Tokenizer as HFTokenizer
+        self._tok = HFTokenizer.from_str(spec)
+        self.vocab_size = self._tok.get_vocab_size()
+        for name in (EOT, "</s>", "<eos>", "[SEP]"):
+            if self._tok.token_to_id(name) is not None:
+                self.eot_id = self._tok.token_to_id(name)
+                break
+        else:
+            raise ValueError("the tokenizer has no end-of-text token (looked for <|endoftext|>, </s>, <eos>, [SEP])")
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "byte":
+            return list(text.encode("utf-8"))
+        return self._tok.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.kind == "byte":
+            return [self.encode(t) for t in texts]
+        return [e.ids for e in self._tok.encode_batch(texts)]
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind == "byte":
+            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return self._tok.decode(ids)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "spec": self.spec}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Tokenizer":
+        return cls(d["kind"], d.get("spec"))
+
+
+def train_bpe(texts, vocab_size: int) -> Tokenizer:
+    from tokenizers import ByteLevelBPETokenizer
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT], show_progress=False)
+    return Tokenizer("bpe", tok._tokenizer.to_str())
+
+
+def load_pretrained(name: str) -> Tokenizer:
+    """A local tokenizer.json path, or a hub name (needs the network once, then the hub cache)."""
+    if Path(name).is_file():
+        return Tokenizer("hf", Path(name).read_text())
+    from tokenizers import Tokenizer as HFTokenizer
+    try:
+        tok = HFTokenizer.from_pretrained(name)
+    except Exception as e:  # the hub client raises many kinds of errors when offline
+        raise RuntimeError(
+            f"could not load tokenizer {name!r} from the Hugging Face hub ({type(e).__name__}: {e}). Offline? "
+            "Pass a local tokenizer.json path, or data.tokenizer=bpe to train one here, or data.tokenizer=byte."
+        ) from None
+    return Tokenizer("hf", tok.to_str())
+
+
+def make_tokenizer(kind: str, texts, vocab_size: int) -> Tokenizer:
+    if kind == "bpe":
+        return train_bpe(texts, vocab_size)
+    if kind == "byte":
+        return Tokenizer("byte")
+    return load_pretrained(kind)
+
+
+def tokenizer_summary(tok: Tokenizer) -> str:
+    return json.dumps({"kind": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id})

@@ -1,0 +1,113 @@
+"""Evaluate a checkpoint. Its saved config rebuilds the model and tokenizer; this file's own config (conf/eval.yaml)
+says what to measure.
+
+    python eval.py ckpt=outputs/transformer-rope-tiny/checkpoints/latest mode=perplexity
+    python eval.py ckpt=... mode=sample prompt="The module" max_new_tokens=100 temperature=0.8
+    python eval.py ckpt=... mode=perplexity data=text data.files='held_out/*.txt'   # any data config
+
+Modes: perplexity (validation loss and perplexity on the checkpoint's data, or any other data config, at any
+context length), sample (generation through each mixer's cache / recurrent state).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from model import ConfigError, build_model
+
+MODES = ("perplexity", "sample")
+
+
+def resolve_ckpt(path: str) -> Path:
+    """A checkpoint file, a `latest` pointer, a checkpoints/ folder or a run's out_dir."""
+    p = Path(path)
+    for cand in (p, p / "latest", p / "checkpoints" / "latest"):
+        if cand.is_file() and cand.name == "latest":
+            return cand.parent / cand.read_text().strip()
+        if cand.is_file():
+            return cand
+    raise ConfigError(f"ckpt={path!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or a run's out_dir)")
+
+
+def load_model(path: str, device="cpu"):
+    from data import Tokenizer
+    from train import load_checkpoint
+    ckpt = load_checkpoint(resolve_ckpt(path))
+    cfg = ckpt["config"]
+    model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), Tokenizer.from_dict(ckpt["tokenizer"]), ckpt
+
+
+@torch.no_grad()
+def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: int, device, autocast) -> dict:
+    """Mean next-token loss over the first n_tokens of the data's validation split, tokenized by the model's own
+    tokenizer, in windows of seq_len (which may exceed the training context)."""
+    import data as data_lib
+    info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
+    windows = data_lib.TokenWindows(info.val_shards, seq_len, tok.vocab_size, shuffle=False)
+    n = min(len(windows), max(1, n_tokens // seq_len))
+    total, count = 0.0, 0
+    for i in range(0, n, micro_batch):
+        x, y = windows.batch(range(i, min(n, i + micro_batch)))
+        with autocast:
+            _, loss = model(x.to(device), y.to(device))
+        total += loss.item() * y.numel()
+        count += y.numel()
+    loss = total / count
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "tokens": count, "seq_len": seq_len}
+
+
+def run(cfg) -> dict:
+    from omegaconf import OmegaConf
+    if cfg.mode not in MODES:
+        raise ConfigError(f"mode={cfg.mode!r}; valid choices: {list(MODES)}")
+    if cfg.ckpt is None:
+        raise ConfigError("ckpt=<path> is required (a step_*.pt file, a checkpoints/ folder or a run's out_dir)")
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    model, tok, ckpt = load_model(cfg.ckpt, device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    if cfg.mode == "perplexity":
+        data_cfg = ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
+        seq = cfg.seq_len or ckpt["config"]["model"]["seq_len"]
+        result = perplexity(model, tok, data_cfg, seq, cfg.eval_tokens, cfg.micro_batch, device, autocast)
+        print(f"val loss {result['val_loss']:.4f} | perplexity {result['val_ppl']:.2f} | "
+              f"{result['tokens']:,} tokens at context {seq}")
+    else:
+        prompt = torch.tensor([tok.encode(cfg.prompt) or [tok.eot_id]], device=device)
+        gen = torch.Generator(device).manual_seed(cfg.seed)
+        with autocast:
+            out = model.generate(prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator=gen)
+        result = {"prompt": cfg.prompt, "text": tok.decode(out[0].tolist())}
+        print(result["text"])
+    result.update(ckpt=str(resolve_ckpt(cfg.ckpt)), step=ckpt["step"], mode=cfg.mode)
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main():
+    import hydra
+
+    @hydra.main(config_path="conf", config_name="eval", version_base="1.3")
+    def _main(cfg):
+        from data import ShardError
+        try:
+            return run(cfg)
+        except (ConfigError, ShardError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Build a GPT from the three config groups that describe it: backbone (mixer), pe (positional scheme), model (size).
+
+`build_model` checks the whole combination before allocating anything, and raises ConfigError naming the valid
+choices: an unknown backbone or scheme, a scheme the backbone cannot use, an unknown option, an impossible shape.
+"""
+
+from __future__ import annotations
+
+from .gpt import GPT, Cache, ModelConfig
+from .mixers import REGISTRY as MIXERS
+from .mixers.base import Mixer
+from .pe import REGISTRY as SCHEMES
+from .pe import ConfigError, Dims, build_pe
+from .pe.base import check_options
+
+__all__ = ["GPT", "Cache", "ModelConfig", "ConfigError", "build_model", "check_model_config", "valid_schemes"]
+
+
+def valid_schemes(backbone: str) -> list[str]:
+    kinds = MIXERS[backbone].pe_kinds
+    return sorted(n for n, cls in SCHEMES.items() if cls.kind in kinds)
+
+
+def _plain(cfg) -> dict:
+    try:
+        from omegaconf import OmegaConf
+        if OmegaConf.is_config(cfg):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:
+        pass
+    return dict(cfg)
+
+
+def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
+    bname, pname = backbone.get("name"), pe.get("name")
+    if bname not in MIXERS:
+        raise ConfigError(f"unknown backbone={bname!r}; valid choices: {sorted(MIXERS)}")
+    if pname not in SCHEMES:
+        raise ConfigError(f"unknown positional scheme pe={pname!r}; valid choices: {sorted(SCHEMES)}")
+    mixer, scheme = MIXERS[bname], SCHEMES[pname]
+    if scheme.kind not in mixer.pe_kinds:
+        raise ConfigError(
+            f"pe={pname} is a {scheme.kind} scheme, which backbone={bname} cannot use (it accepts "
+            f"{'/'.join(mixer.pe_kinds)} schemes); valid pe for backbone={bname}: {valid_schemes(bname)}")
+    check_options(mixer, {k: v for k, v in backbone.items() if k != "name"}, f"backbone={bname}")
+    check_options(scheme, {k: v for k, v in pe.items() if k != "name"}, f"pe={pname}")
+    d, h = model.get("d_model"), model.get("n_heads")
+    if not (isinstance(d, int) and isinstance(h, int) and d > 0 and h > 0):
+        raise ConfigError(f"model.d_model and model.n_heads must be positive integers, got {d} and {h}")
+    if d % h:
+        divisors = [x for x in range(1, min(d, 64) + 1) if d % x == 0]
+        raise ConfigError(f"model.n_heads={h} does not divide model.d_model={d}; n_heads could be one of {divisors}")
+    if scheme.kind == "rotary" and (d // h) % 2:
+        raise ConfigError(f"pe={pname} rotates channel pairs: head_dim = d_model/n_heads = {d // h} must be even")
+    unknown = set(model) - set(ModelConfig.__dataclass_fields__) - {"name"}
+    if unknown:
+        raise ConfigError(f"model: unknown option(s) {sorted(unknown)}; valid: {sorted(ModelConfig.__dataclass_fields__)}")
+
+
+def build_model(backbone, pe, model, vocab_size: int) -> GPT:
+    backbone, pe, model = _plain(backbone), _plain(pe), _plain(model)
+    check_model_config(backbone, pe, model)
+    cfg = ModelConfig(vocab_size=vocab_size, **{k: v for k, v in model.items() if k not in ("name", "vocab_size")})
+    dims = Dims(cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.seq_len)
+    mixer_cls = MIXERS[backbone["name"]]
+    options = {k: v for k, v in backbone.items() if k != "name"}
+    relative = SCHEMES[pe["name"]].kind in ("rotary", "score")
+    mixers: list[Mixer] = [mixer_cls(cfg.d_model, cfg.n_heads, build_pe(pe, dims) if relative else None, **options)
+                           for _ in range(cfg.n_layer)]
+    abs_pe = build_pe(pe, dims) if SCHEMES[pe["name"]].kind == "absolute" else None
+    return GPT(cfg, mixers, abs_pe)

@@ -1,0 +1,155 @@
+"""The GPT trunk that every backbone and positional scheme plugs into.
+
+    x_0 = E[tokens] (+ absolute positional embedding) (-> RMSNorm if embed_norm, seed 003's extra norm)
+    x_l = x_{l-1} + Mixer_l(RMSNorm(x_{l-1}))        token mixer: model/mixers/
+    x_l = x_l     + SwiGLU_l(RMSNorm(x_l))           SwiGLU(x) = (silu(x W_1) * x W_3) W_2
+    logits = RMSNorm(x_L) W_head                      (W_head = E if tie_embeddings)
+
+Init (GPT-2 style): every Linear and Embedding ~ N(0, 0.02); projections that write into the residual stream
+(mixer outputs, SwiGLU W_2) ~ N(0, 0.02 / sqrt(2 n_layer)) so the residual variance does not grow with depth;
+a module with special parameters (gate biases, ...) sets them in its own `init_extra()`, called afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .mixers.base import residual_linear
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    n_layer: int = 4
+    d_model: int = 256
+    n_heads: int = 4
+    mlp_hidden: int | None = None  # None: 8/3 d_model rounded up to a multiple of 64
+    seq_len: int = 256  # the training context (max positions of a learned embedding)
+    tie_embeddings: bool = False
+    embed_norm: bool = False
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.mlp_hidden is None:
+            self.mlp_hidden = 64 * math.ceil(8 * self.d_model / 3 / 64)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w13 = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.w2 = residual_linear(hidden, d_model)
+
+    def forward(self, x):
+        a, b = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(a) * b)
+
+
+class Block(nn.Module):
+    def __init__(self, mixer: nn.Module, cfg: ModelConfig):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mixer = mixer
+        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden)
+
+    def forward(self, x, cache=None):
+        x = x + self.mixer(self.norm1(x), cache)
+        return x + self.mlp(self.norm2(x))
+
+
+@dataclass
+class Cache:
+    """Generation state: the number of tokens seen, and one dict per layer that its mixer fills."""
+    n_layer: int
+    offset: int = 0
+    layers: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.layers = [{} for _ in range(self.n_layer)]
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, mixers: list[nn.Module], abs_pe: nn.Module | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.abs_pe = abs_pe
+        self.embed_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else nn.Identity()
+        self.blocks = nn.ModuleList(Block(m, cfg) for m in mixers)
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        std, resid_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, resid_std if getattr(m, "is_residual", False) else std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if hasattr(m, "init_extra"):
+                m.init_extra()
+
+    def forward(self, idx, targets=None, cache: Cache | None = None):
+        """idx [B, T] -> (logits [B, T, V], loss or None). Targets of -1 are ignored by the loss."""
+        x = self.wte(idx)
+        if self.abs_pe is not None:
+            x = self.abs_pe(x, 0 if cache is None else cache.offset)
+        x = self.embed_norm(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache.layers[i])
+        if cache is not None:
+            cache.offset += idx.shape[1]
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None):
+        """Prefill the prompt in one parallel call, then decode one token per call through each mixer's cache.
+        temperature = 0 is greedy decoding."""
+        cache = Cache(len(self.blocks))
+        logits, _ = self(idx, cache=cache)
+        out = [idx]
+        for _ in range(max_new_tokens):
+            last = logits[:, -1].float()
+            if temperature == 0:
+                nxt = last.argmax(-1, keepdim=True)
+            else:
+                last = last / temperature
+                if top_k:
+                    kth = torch.topk(last, min(top_k, last.shape[-1])).values[:, -1:]
+                    last = last.masked_fill(last < kth, float("-inf"))
+                nxt = torch.multinomial(torch.softmax(last, -1), 1, generator=generator)
+            out.append(nxt)
+            logits, _ = self(nxt, cache=cache)
+        return torch.cat(out, 1)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.wte.weight.numel()
+            if self.abs_pe is not None:
+                n -= sum(p.numel() for p in self.abs_pe.parameters())
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 x (matmul parameters, LM head included) + 3 x each mixer's own forward FLOPs
+        (attention scores, recurrences), so MFU is right for non-softmax backbones too."""
+        matmul_params = self.num_params(exclude_embeddings=True)
+        if self.cfg.tie_embeddings:  # the tied head is still a matmul
+            matmul_params += self.lm_head.weight.numel()
+        return 6.0 * matmul_params + 3.0 * sum(b.mixer.flops_per_token(seq_len) for b in self.blocks)

@@ -1,0 +1,51 @@
+"""Softmax attention (the `transformer` backbone).
+
+    q, k, v = x W_q, x W_k, x W_v                    (H heads of size D = d_model / H)
+    q, k    = rotary scheme (if any) applied at absolute positions
+    o_i     = sum_{j<=i} softmax_j(q_i.k_j / sqrt(D) + (c_i - c_j) + b_ij) v_j      (kernels/attention.py)
+    y       = o W_o
+
+A score scheme supplies the log-decay c (ALiBi) and/or the bias b (T5, Transformer-XL). The incremental form keeps
+a KV cache: keys are cached after rotation, so each token is rotated once, at its own position.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.attention import decayed_attention
+
+from .base import Mixer, register, residual_linear
+
+
+@register("transformer")
+class SoftmaxAttention(Mixer):
+    pe_kinds = ("none", "absolute", "rotary", "score")
+
+    def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False):
+        super().__init__(d_model, n_heads, pe)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.o_proj = residual_linear(d_model, d_model)
+        self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+
+    def forward(self, x, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
+        q, k = self.q_norm(q), self.k_norm(k)
+        offset = 0 if cache is None else cache.get("offset", 0)
+        q, k = self.rotate_qk(q, k, x, cache, offset)
+        if cache is not None:
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
+            cache.update(k=k, v=v, offset=offset + T)
+        log_decay = bias = None
+        if self.pe is not None and self.pe.kind == "score":
+            log_decay, bias = self.pe(q, k, offset=offset)
+        o = decayed_attention(q, k, v, log_decay=log_decay, bias=bias)
+        return self.o_proj(o.reshape(B, T, self.d_model))
+
+    def flops_per_token(self, seq_len):
+        # q.k and p.v: 2 matmuls x 2 FLOPs x d_model x mean causal context (seq_len + 1) / 2
+        return 2.0 * self.d_model * (seq_len + 1)

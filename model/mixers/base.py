@@ -1,0 +1,61 @@
+"""The token-mixer interface and the registry that `conf/backbone/*.yaml` names.
+
+A mixer maps x [B, T, d_model] -> y [B, T, d_model] causally, in two forms that must agree:
+
+    forward(x)              parallel form over the whole sequence (training).
+    forward(x, cache=dict)  incremental form (generation): continue from the state stored in `cache` (an empty dict
+                            at the start of a sequence), write the new state back. Any T works, so a prompt is
+                            prefilled in one call and each new token is a call with T = 1. Softmax attention keeps
+                            a KV cache (memory grows with t); a linear recurrence keeps its fixed-size state S_t.
+
+Each mixer declares which positional-scheme kinds it accepts (`pe_kinds`, see model/pe/base.py); the relative
+schemes it accepts are built per layer and handed to its constructor. Options in the backbone yaml map one-to-one
+onto the constructor's keyword-only arguments.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+REGISTRY: dict[str, type["Mixer"]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def residual_linear(d_in: int, d_out: int) -> nn.Linear:
+    """A projection that writes into the residual stream: the trunk gives it the scaled init std/sqrt(2 n_layer)."""
+    lin = nn.Linear(d_in, d_out, bias=False)
+    lin.is_residual = True
+    return lin
+
+
+class Mixer(nn.Module):
+    name: str = "?"
+    pe_kinds: tuple[str, ...] = ("none",)
+
+    def __init__(self, d_model: int, n_heads: int, pe=None):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.pe = pe
+
+    def forward(self, x, cache: dict | None = None):
+        raise NotImplementedError
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token spent outside parameter matmuls (the trunk counts those as 2 * params)."""
+        raise NotImplementedError
+
+    def rotate_qk(self, q, k, x, cache, offset):
+        """Apply a rotary scheme, if any, to q and k [B, T, H, D] at absolute positions offset.. ."""
+        if self.pe is not None and self.pe.kind == "rotary":
+            pe_cache = None if cache is None else cache.setdefault("pe", {})
+            q, k = self.pe(q, k, offset=offset, x=x, cache=pe_cache)
+        return q, k

@@ -1,0 +1,71 @@
+"""What every positional scheme is, and the registry that `conf/pe/*.yaml` names.
+
+A scheme acts in one of four places (its `kind`), and a mixer lists the kinds it accepts:
+
+    kind       acts on                                         e.g.
+    none       nothing                                         nope
+    absolute   the token embeddings, once, in the trunk        sinusoidal, learned
+    rotary     q and k inside the mixer: forward(q, k, ...)    rope
+    score      the attention scores: an additive log-decay     alibi, t5, xl
+               c_i - c_j and/or a bias b_ij (kernels/attention.py)
+
+Relative schemes (rotary, score) are built once per layer and owned by that layer's mixer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from torch import nn
+
+KINDS = ("none", "absolute", "rotary", "score")
+REGISTRY: dict[str, type["PositionalScheme"]] = {}
+
+
+class ConfigError(ValueError):
+    """A bad config: raised before any work starts, with the valid choices in the message."""
+
+
+@dataclass(frozen=True)
+class Dims:
+    d_model: int
+    n_heads: int
+    head_dim: int
+    max_seq_len: int
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+class PositionalScheme(nn.Module):
+    kind: str = "none"
+    name: str = "?"
+
+    def __init__(self, dims: Dims):
+        super().__init__()
+        self.dims = dims
+
+
+def check_options(cls, options: dict, what: str) -> None:
+    """Unknown config keys are an error naming the valid ones (no silent ignoring)."""
+    params = inspect.signature(cls.__init__).parameters
+    valid = [p for p, v in params.items() if v.kind == inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"{what}: unknown option(s) {unknown}; valid options: {sorted(valid) or 'none'}")
+
+
+def build_pe(cfg: dict, dims: Dims) -> PositionalScheme:
+    options = {k: v for k, v in dict(cfg).items() if k != "name"}
+    name = cfg.get("name")
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown positional scheme pe={name!r}; valid choices: {sorted(REGISTRY)}")
+    cls = REGISTRY[name]
+    check_options(cls, options, f"pe={name}")
+    return cls(dims, **options)

@@ -1,0 +1,23 @@
+"""Learned absolute embedding: a [max_seq_len, d] table P added to the token embeddings, x_t <- x_t + P_t.
+It cannot represent positions past max_seq_len (the training context): asking for one is an error."""
+
+import torch
+from torch import nn
+
+from .base import PositionalScheme, register
+
+
+@register("learned")
+class Learned(PositionalScheme):
+    kind = "absolute"
+
+    def __init__(self, dims, *, init_std: float = 0.02):
+        super().__init__(dims)
+        self.table = nn.Parameter(torch.randn(dims.max_seq_len, dims.d_model) * init_std)
+
+    def forward(self, x, offset: int = 0):
+        T = x.shape[1]
+        if offset + T > self.table.shape[0]:
+            raise ValueError(f"pe=learned has {self.table.shape[0]} positions; asked for position {offset + T - 1}. "
+                             "Learned embeddings cannot extrapolate: use a relative scheme for longer contexts.")
+        return x + self.table[offset:offset + T].to(x.dtype)

@@ -1,0 +1,30 @@
+"""RoPE (Su et al.): rotate q and k by angles phi_t = t * theta, theta_i = base^(-2i/d_head).
+
+A cumulative rotation with constant increments dphi_s = theta (kernels/rotary.py); the dual of the complex
+forget gate A_t = exp(i Omega) of a linear recurrence (seed 000, section 4)."""
+
+import torch
+
+from kernels.rotary import rope_frequencies, rotate
+
+from .base import PositionalScheme, register
+
+
+@register("rope")
+class RoPE(PositionalScheme):
+    kind = "rotary"
+
+    def __init__(self, dims, *, base: float = 10000.0):
+        super().__init__(dims)
+        if dims.head_dim % 2:
+            raise ValueError(f"pe=rope needs an even head_dim, got {dims.head_dim}")
+        self.register_buffer("theta", rope_frequencies(dims.head_dim, base).float(), persistent=False)
+
+    def angles(self, T: int, offset: int, device) -> torch.Tensor:
+        """phi [T, 1, D/2] for positions offset .. offset+T-1 (broadcasts over batch and heads)."""
+        pos = torch.arange(offset, offset + T, device=device, dtype=torch.float32)
+        return (pos[:, None] * self.theta.to(device)[None, :])[:, None, :]
+
+    def forward(self, q, k, *, offset: int = 0, x=None, cache=None):
+        phi = self.angles(q.shape[1], offset, q.device)
+        return rotate(q, phi), rotate(k, phi)

@@ -1,0 +1,35 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def compose(overrides=(), config_name="config"):
+    """The exact config train.py / eval.py would see for these command-line overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=False)
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    """One embedded-corpus cache (small BPE vocabulary) for the whole session."""
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def tiny_overrides(out_dir, cache, *extra):
+    """A model and budget small enough for a CPU test to train in seconds."""
+    return [f"out_dir={out_dir}", f"data.cache_dir={cache}", "data.vocab_size=512", "model.n_layer=2",
+            "model.d_model=32", "model.n_heads=2", "model.seq_len=32", "train.micro_batch=4",
+            "train.global_batch_tokens=256", "train.log_interval=1", "train.eval_interval=1000",
+            "train.eval_tokens=512", "train.ckpt_interval=1000", "train.sample_tokens=0", "train.progress=false",
+            "logger.mode=disabled", *extra]

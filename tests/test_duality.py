@@ -1,0 +1,159 @@
+"""The primitives against the formulas, and each duality as an equality of two independent code paths (float64)."""
+
+import math
+
+import pytest
+import torch
+
+from kernels.attention import decayed_attention, decayed_attention_reference
+from kernels.rotary import cumulative_angles, rope_frequencies, rotate
+from model.mixers.linear_attention import linear_attention_parallel, linear_attention_recurrent
+from model.pe import Dims
+from model.pe.alibi import ALiBi, alibi_slopes
+from model.pe.rope import RoPE
+from model.pe.sinusoidal import sinusoid_table
+from model.pe.t5 import T5Bias, t5_bucket
+from model.pe.xl import TransformerXL
+
+
+
+@pytest.fixture(autouse=True)
+def float64_default():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def qkv(B=2, T=13, H=3, D=8, Tk=None):
+    Tk = Tk or T
+    return torch.randn(B, T, H, D), torch.randn(B, Tk, H, D), torch.randn(B, Tk, H, D)
+
+
+@pytest.mark.parametrize("Tq,Tk", [(13, 13), (1, 13), (5, 13)])
+@pytest.mark.parametrize("with_decay,with_bias", [(False, False), (True, False), (False, True), (True, True)])
+def test_decayed_attention_sdpa_path_matches_formula(Tq, Tk, with_decay, with_bias):
+    q, k, v = qkv(T=Tq, Tk=Tk)
+    log_decay = torch.cumsum(torch.nn.functional.logsigmoid(torch.randn(2, Tk, 3)), 1) if with_decay else None
+    bias = torch.randn(2, 3, Tq, Tk) if with_bias else None
+    out = decayed_attention(q, k, v, log_decay=log_decay, bias=bias)
+    # independent loop over query positions: softmax over keys j <= i of q.k/sqrt(D) + c_i - c_j + b_ij
+    ref = torch.empty_like(out)
+    for n in range(Tq):
+        i = Tk - Tq + n
+        s = torch.einsum("bhd,bjhd->bhj", q[:, n], k[:, : i + 1]) / math.sqrt(8)
+        if with_decay:
+            s = s + (log_decay[:, i, :, None] - log_decay[:, : i + 1].transpose(1, 2))
+        if with_bias:
+            s = s + bias[:, :, n, : i + 1]
+        ref[:, n] = torch.einsum("bhj,bjhd->bhd", torch.softmax(s, -1), v[:, : i + 1])
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(decayed_attention_reference(q, k, v, log_decay=log_decay, bias=bias), ref)
+
+
+def test_rotate_is_complex_multiplication():
+    x, phi = torch.randn(4, 5, 8), torch.randn(4, 5, 4)
+    z = torch.complex(x[..., :4], x[..., 4:]) * torch.exp(1j * phi)
+    torch.testing.assert_close(rotate(x, phi), torch.cat([z.real, z.imag], -1))
+
+
+def test_rope_is_cumulative_rotation_with_constant_increments():
+    rope = RoPE(Dims(32, 4, 8, 64))
+    q, k = torch.randn(2, 20, 4, 8), torch.randn(2, 20, 4, 8)
+    theta = rope_frequencies(8).to(torch.float32)
+    phi = cumulative_angles(theta.expand(20, 4).unsqueeze(0), dim=1) - theta  # sum over s = 1..t of theta = t theta
+    rq, rk = rope(q, k, offset=0)
+    torch.testing.assert_close(rq, rotate(q, phi[:, :, None, :]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rk, rotate(k, phi[:, :, None, :]), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_scores_depend_only_on_distance():
+    rope = RoPE(Dims(8, 1, 8, 64))
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    s = [(rope(q, k, offset=o)[0] * rope(q, k, offset=o + 3)[1]).sum() for o in (0, 7, 40)]
+    torch.testing.assert_close(torch.stack(s), s[0].expand(3), rtol=1e-5, atol=1e-5)
+
+
+def test_alibi_equals_explicit_linear_bias():
+    """ALiBi as a cumulative log-decay == softmax(q.k/sqrt(d) - m_h |i - j|) written out (seed 002)."""
+    H, T = 4, 11
+    q, k, v = qkv(T=T, H=H)
+    log_decay, _ = ALiBi(Dims(32, H, 8, 64))(q, k)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    m = torch.tensor([2 ** (-8 * h / H) for h in range(1, H + 1)])
+    bias = -(m[:, None, None] * (i - j).abs()).unsqueeze(0)
+    torch.testing.assert_close(decayed_attention(q, k, v, log_decay=log_decay.double()),
+                               decayed_attention_reference(q, k, v, bias=bias))
+    assert alibi_slopes(8)[0] == 0.5 and alibi_slopes(8)[-1] == 2 ** -8
+
+
+def test_linear_attention_parallel_equals_recurrent():
+    q, k, v = qkv()
+    S0 = torch.randn(2, 3, 8, 8)
+    o1, S1 = linear_attention_parallel(q, k, v, S0)
+    o2, S2 = linear_attention_recurrent(q, k, v, S0)
+    torch.testing.assert_close(o1, o2)
+    torch.testing.assert_close(S1, S2)
+
+
+def test_linear_attention_with_rope_is_complex_gated_recurrence():
+    """Seed 000 section 4: RoPE on q, k of linear attention == S_t = S_{t-1} e^{i Omega} + v_t k~_t^H,
+    o_t = Re(S_t q~_t), with q~ = q1 + i q2 and k~ = k1 + i k2 (here with the conjugate on the query side,
+    matching the rotation direction R(phi_t) q)."""
+    B, T, H, D = 2, 9, 1, 8
+    q, k, v = qkv(B, T, H, D)
+    rope = RoPE(Dims(8, 1, D, 64))
+    rq, rk = rope(q.float(), k.float())
+    o_rope, _ = linear_attention_recurrent(rq.double(), rk.double(), v)
+    omega = rope_frequencies(D).to(torch.complex128)
+    qc, kc = torch.complex(q[..., :4], q[..., 4:]), torch.complex(k[..., :4], k[..., 4:])
+    S = torch.zeros(B, H, D, D // 2, dtype=torch.complex128)
+    outs = []
+    for t in range(T):
+        S = S * torch.exp(-1j * omega) + torch.einsum("bhe,bhd->bhed", v[:, t].to(torch.complex128), kc[:, t])
+        outs.append(torch.einsum("bhed,bhd->bhe", S, qc[:, t].conj()).real)
+    torch.testing.assert_close(o_rope, torch.stack(outs, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_sinusoid_table_formula():
+    tab = sinusoid_table(torch.arange(7), 6, 10000.0)
+    pos, i = 5, 1
+    assert tab[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 6)), rel=1e-6)
+    assert tab[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 6)), rel=1e-6)
+
+
+def test_t5_buckets():
+    n = torch.arange(0, 400)
+    b = t5_bucket(n, 32, 128)
+    assert torch.equal(b[:16], torch.arange(16))  # exact below num_buckets / 2
+    assert (b[1:] >= b[:-1]).all() and b.max() == 31 and b[128:].eq(31).all()
+    expected = 16 + int(math.log(40 / 16) / math.log(128 / 16) * 16)
+    assert b[40].item() == expected
+
+
+def test_t5_bias_lookup():
+    pe = T5Bias(Dims(16, 2, 8, 64))
+    torch.nn.init.normal_(pe.table)
+    q, k = torch.randn(1, 3, 2, 8), torch.randn(1, 10, 2, 8)
+    _, bias = pe(q, k)
+    for n, i in enumerate(range(7, 10)):
+        for j in range(10):
+            expect = pe.table[t5_bucket(torch.tensor(max(i - j, 0)), 32, 128), 1]
+            assert bias[0, 1, n, j] == expect
+
+
+def test_xl_bias_matches_the_four_term_formula():
+    H, D, d_model, Tk, Tq = 2, 4, 8, 7, 3
+    pe = TransformerXL(Dims(d_model, H, D, 64)).double()
+    torch.nn.init.normal_(pe.u)
+    torch.nn.init.normal_(pe.v)
+    q, k = torch.randn(1, Tq, H, D), torch.randn(1, Tk, H, D)
+    _, bias = pe(q, k)
+    W = pe.W_R.weight.view(H, D, d_model)
+    for n, i in enumerate(range(Tk - Tq, Tk)):
+        for j in range(i + 1):
+            r = sinusoid_table(torch.tensor([i - j]), d_model).double()[0]
+            for h in range(H):
+                R = W[h] @ r
+                term = (q[0, n, h] @ R + pe.u[h] @ k[0, j, h] + pe.v[h] @ R) / math.sqrt(D)
+                torch.testing.assert_close(bias[0, h, n, j], term)

@@ -1,0 +1,192 @@
+"""train.py and eval.py as a user runs them: config composition, errors before work, overfitting, exact resume,
+DDP, sweeps, wandb, and evaluation of the checkpoint."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, compose, tiny_overrides
+
+import eval as eval_lib
+import train as train_lib
+from model import ConfigError, build_model, valid_schemes
+
+
+def options(group):
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+def test_compose_every_combination():
+    for b, p, m, o, lg in itertools.product(options("backbone"), options("pe"), options("model"), options("optim"),
+                                           options("logger")):
+        cfg = compose([f"backbone={b}", f"pe={p}", f"model={m}", f"optim={o}", f"logger={lg}"])
+        assert cfg.backbone.name == b and cfg.pe.name == p and cfg.model.name == m
+        if p in valid_schemes(b):
+            train_lib.check_config(cfg)
+        else:
+            with pytest.raises(ConfigError, match="valid pe for backbone"):
+                train_lib.check_config(cfg)
+    for d in options("data"):
+        assert compose([f"data={d}"]).data.name == d
+
+
+@pytest.mark.parametrize("size,vocab,expect", [("124m", 50304, 124e6), ("370m", 32000, 370e6)])
+def test_model_sizes(size, vocab, expect):
+    cfg = compose([f"model={size}"])
+    with torch.device("meta"):
+        m = build_model(cfg.backbone, cfg.pe, cfg.model, vocab)
+    assert abs(m.num_params() - expect) / expect < 0.03, m.num_params()
+
+
+def test_unknown_group_option_lists_choices():
+    from hydra.errors import MissingConfigException
+    with pytest.raises(MissingConfigException, match="rope"):
+        compose(["pe=ropee"])
+
+
+@pytest.mark.parametrize("override,match", [
+    ("train.global_batch_tokens=1000", "not a multiple of micro_batch"),
+    ("optim.schedule=linear", r"valid choices: \['cosine', 'wsd', 'constant'\]"),
+    ("logger.mode=maybe", "valid choices"),
+    ("model.n_heads=3", "does not divide"),
+    ("resume=/nonexistent.pt", "not a checkpoint file"),
+    ("train.steps=0", "steps"),
+])
+def test_bad_config_fails_before_work(tmp_path, override, match):
+    with pytest.raises(ConfigError, match=match):
+        train_lib.run(compose([f"out_dir={tmp_path}", override]))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("backbone", ["transformer", "linear_attn"])
+def test_tiny_model_overfits_a_batch(backbone):
+    torch.manual_seed(0)
+    cfg = compose([f"backbone={backbone}", "model.n_layer=2", "model.d_model=64", "model.seq_len=32"])
+    m = build_model(cfg.backbone, cfg.pe, cfg.model, 128)
+    opt = train_lib.make_optimizer(m, cfg.optim, fused=False)
+    x = torch.randint(0, 128, (4, 33))
+    for _ in range(150):
+        loss = m(x[:, :-1], x[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05, loss.item()
+
+
+def _losses(out_dir):
+    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_resume_reproduces_every_loss_exactly(tmp_path, data_cache):
+    common = ["train.steps=8", "train.ckpt_interval=4", "optim.warmup=2"]
+    full = train_lib.run(compose(tiny_overrides(tmp_path / "a", data_cache, *common)))
+    # the same run, interrupted after its step-4 checkpoint: remove what steps 5..8 left behind
+    b = tmp_path / "b"
+    train_lib.run(compose(tiny_overrides(b, data_cache, *common)))
+    (b / "checkpoints" / "step_0000008.pt").unlink()
+    (b / "checkpoints" / "latest").write_text("step_0000004.pt")
+    lines = (b / "metrics.jsonl").read_text().splitlines()
+    (b / "metrics.jsonl").write_text("".join(x + "\n" for x in lines if json.loads(x)["step"] <= 4))
+    resumed = train_lib.run(compose(tiny_overrides(b, data_cache, *common, "resume=auto")))
+    a_loss, b_loss = _losses(tmp_path / "a"), _losses(b)
+    assert sorted(b_loss) == list(range(1, 9))
+    assert all(a_loss[s] == b_loss[s] for s in range(1, 9)), (a_loss, b_loss)
+    assert full["loss"] == resumed["loss"] and full["val_loss"] == resumed["val_loss"]
+    assert a_loss[8] < a_loss[1]
+
+
+def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):
+    train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=2")))
+    with pytest.raises(ConfigError, match="checkpoint's pe config"):
+        train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "pe=alibi")))
+    with pytest.raises(ConfigError, match="resume=never"):
+        train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "resume=never")))
+    (tmp_path / "checkpoints" / "step_0000002.pt").write_bytes(b"garbage")
+    with pytest.raises(ConfigError, match="cannot read checkpoint"):
+        train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4")))
+
+
+def test_checkpoint_write_is_atomic(tmp_path):
+    d = tmp_path / "ck"
+    train_lib.save_checkpoint(d, 1, {"x": 1}, keep=2)
+    train_lib.save_checkpoint(d, 2, {"x": 2}, keep=2)
+    train_lib.save_checkpoint(d, 3, {"x": 3}, keep=2)
+    assert sorted(p.name for p in d.iterdir()) == ["latest", "step_0000002.pt", "step_0000003.pt"]
+    assert (d / "latest").read_text() == "step_0000003.pt"
+
+
+def test_schedules():
+    o = compose([]).optim
+    f = train_lib.lr_lambda(o, 100)
+    assert f(0) < f(9) <= 1.0 and f(10) == pytest.approx(1.0) and f(99) == pytest.approx(o.min_lr_ratio, abs=1e-3)
+    w = train_lib.lr_lambda(compose(["optim.schedule=wsd"]).optim, 100)
+    assert w(50) == 1.0 and w(79) == 1.0 and w(90) < 1.0 and w(100) == pytest.approx(o.min_lr_ratio)
+
+
+def _python(*args, drop=(), **kw):
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, **kw)
+
+
+@pytest.mark.slow
+def test_resume_on_another_world_size_with_torchrun(tmp_path, data_cache):
+    """1 process to step 4, then 2 DDP processes (gloo, CPU) to step 8: the same global batches, so the losses
+    match the uninterrupted single-process run up to float summation order."""
+    common = tiny_overrides(tmp_path / "ddp", data_cache, "train.steps=8", "train.ckpt_interval=4", "train.micro_batch=2",
+                            "optim.warmup=2")
+    ref = tiny_overrides(tmp_path / "ref", data_cache, "train.steps=8", "train.micro_batch=2", "optim.warmup=2")
+    train_lib.run(compose(ref))
+    train_lib.run(compose(common))
+    (tmp_path / "ddp" / "checkpoints" / "step_0000008.pt").unlink()
+    (tmp_path / "ddp" / "checkpoints" / "latest").write_text("step_0000004.pt")
+    (tmp_path / "ddp" / "metrics.jsonl").unlink()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+                        "train.py", *common], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming a 1-process run on 2" in r.stderr
+    a, b = _losses(tmp_path / "ref"), _losses(tmp_path / "ddp")
+    assert sorted(b) == [5, 6, 7, 8]
+    for s in b:
+        assert b[s] == pytest.approx(a[s], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_multirun_sweep_and_wandb_offline(tmp_path, data_cache):
+    args = tiny_overrides(tmp_path / "run", data_cache, "train.steps=2")
+    args = [a for a in args if not a.startswith(("out_dir", "logger.mode"))]
+    r = _python("train.py", "-m", "pe=nope,alibi", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep",
+                f"out_dir={tmp_path}/sweep/${{pe.name}}-${{optim.lr}}", "logger.mode=offline", *args,
+                drop=("WANDB_API_KEY", "WANDB_MODE"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "metrics.jsonl").exists())
+    assert runs == ["alibi-0.001", "alibi-0.002", "nope-0.001", "nope-0.002"]
+    assert list((tmp_path / "sweep" / "nope-0.001" / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.slow
+def test_cli_error_is_clean(tmp_path):
+    r = _python("train.py", "backbone=linear_attn", "pe=alibi", f"out_dir={tmp_path}")
+    assert r.returncode == 2 and r.stderr.startswith("error: pe=alibi is a score scheme") and "Traceback" not in r.stderr
+    r = _python("train.py", "pe=ropee", f"out_dir={tmp_path}")
+    assert r.returncode != 0 and "Available options in 'pe'" in r.stderr
+
+
+def test_eval_perplexity_equals_training_validation_and_sample(tmp_path, data_cache):
+    res = train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=3")))
+    ev = eval_lib.run(compose([f"ckpt={tmp_path}", "mode=perplexity", "eval_tokens=512", "micro_batch=4",
+                               f"out={tmp_path}/ppl.json"], "eval"))
+    assert ev["val_loss"] == pytest.approx(res["val_loss"], rel=1e-6)
+    assert json.loads((tmp_path / "ppl.json").read_text())["step"] == 3
+    s = eval_lib.run(compose([f"ckpt={tmp_path}/checkpoints", "mode=sample", "max_new_tokens=5", "temperature=0"],
+                             "eval"))
+    assert s["text"].startswith("The ") and len(s["text"]) > 4
+    with pytest.raises(ConfigError, match="no checkpoint there"):
+        eval_lib.run(compose([f"ckpt={tmp_path}/nothing", "mode=perplexity"], "eval"))
+    with pytest.raises(ConfigError, match="valid choices"):
+        eval_lib.run(compose([f"ckpt={tmp_path}", "mode=bleu"], "eval"))

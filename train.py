@@ -1,0 +1,429 @@
+"""Train a GPT whose token mixer and positional scheme come from the config.
+
+    python train.py                                          # transformer + RoPE, tiny, embedded corpus
+    python train.py backbone=linear_attn pe=nope train.steps=50
+    python train.py -m pe=nope,rope,alibi optim.lr=1e-3,2e-3  # Hydra multirun sweep
+    torchrun --nproc_per_node=8 train.py model=124m data=text data.files='corpus/*.txt'
+
+The loop knows nothing about the model it trains: model/ builds it from the backbone, pe and model groups.
+Everything a run makes goes to out_dir: checkpoints/ (atomic, `latest` points at the newest), metrics.jsonl
+(every logged number), and wandb/ (offline unless you are logged in).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from model import ConfigError, build_model, check_model_config
+
+# Dense bf16 peak FLOP/s per device, for MFU. Matched by substring of torch.cuda.get_device_name().
+PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12, "B100": 1750e12,
+    "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L40": 181e12, "A6000": 155e12, "A40": 150e12,
+    "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12,
+}
+SCHEDULES = ("cosine", "wsd", "constant")
+LOGGER_MODES = ("auto", "online", "offline", "disabled")
+
+
+# ----------------------------------------------------------------------------------------------- config checks
+def check_config(cfg, world: int = 1) -> dict:
+    """Everything that can be checked before any work; returns derived numbers (steps, grad_accum)."""
+    check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
+    t, o = cfg.train, cfg.optim
+    seq = cfg.model.seq_len
+    per_micro = t.micro_batch * seq * world
+    if t.global_batch_tokens % per_micro:
+        raise ConfigError(
+            f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of micro_batch x seq_len x world_size"
+            f" = {t.micro_batch} x {seq} x {world} = {per_micro}; e.g. global_batch_tokens="
+            f"{max(1, round(t.global_batch_tokens / per_micro)) * per_micro}")
+    steps = t.steps if t.steps is not None else int(t.tokens // t.global_batch_tokens)
+    if steps < 1:
+        raise ConfigError(f"the budget gives {steps} steps: raise train.tokens or set train.steps")
+    if o.schedule not in SCHEDULES:
+        raise ConfigError(f"optim.schedule={o.schedule!r}; valid choices: {list(SCHEDULES)}")
+    if cfg.logger.mode not in LOGGER_MODES:
+        raise ConfigError(f"logger.mode={cfg.logger.mode!r}; valid choices: {list(LOGGER_MODES)}")
+    if t.dtype not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: ['auto', 'bf16', 'fp32']")
+    if t.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train.device={t.device!r}; valid choices: ['auto', 'cpu', 'cuda']")
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
+    if str(cfg.resume) not in ("auto", "never") and not Path(str(cfg.resume)).is_file():
+        raise ConfigError(f"resume={cfg.resume!r}: not a checkpoint file; valid: auto, never, or a path to a .pt file")
+    return {"steps": steps, "grad_accum": t.global_batch_tokens // per_micro}
+
+
+# ------------------------------------------------------------------------------------------------ optimisation
+def lr_lambda(o, total: int):
+    """The multiplier of optim.lr at each step: linear warmup, then cosine / WSD / constant."""
+    warm = int(o.warmup * total) if o.warmup < 1 else int(o.warmup)
+    lo = o.min_lr_ratio
+
+    def f(step):
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        if o.schedule == "cosine":
+            p = (step - warm) / max(1, total - warm)
+            return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0)))
+        if o.schedule == "wsd":
+            start = total - int(o.decay_fraction * total)
+            return 1.0 if step < start else 1.0 - (1 - lo) * (step - start) / max(1, total - start)
+        return 1.0
+    return f
+
+
+def make_optimizer(model, o, fused: bool):
+    """Decay matrices (and embeddings); never norms, biases or other vectors."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
+
+
+# ------------------------------------------------------------------------------------------------- checkpoints
+def _rng_state():
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(s):
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int) -> Path:
+    """Write step_XXXXXXX.pt through a temporary file and rename, then repoint `latest` the same way:
+    a crash at any moment leaves `latest` naming a complete checkpoint."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    path = ckpt_dir / f"step_{step:07d}.pt"
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    latest_tmp = ckpt_dir / "latest.tmp"
+    latest_tmp.write_text(path.name)
+    os.replace(latest_tmp, ckpt_dir / "latest")
+    for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep] if keep > 0 else []:
+        old.unlink()
+    return path
+
+
+def find_checkpoint(out_dir: Path) -> Path | None:
+    ckpt_dir = out_dir / "checkpoints"
+    latest = ckpt_dir / "latest"
+    if latest.exists():
+        path = ckpt_dir / latest.read_text().strip()
+        if not path.exists():
+            raise ConfigError(f"{latest} names {path.name}, which is missing; pass resume=<path> to pick one")
+        return path
+    found = sorted(ckpt_dir.glob("step_*.pt"))
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+    missing = {"step", "model", "config", "tokenizer"} - set(ckpt) if isinstance(ckpt, dict) else {"everything"}
+    if missing:
+        raise ConfigError(f"{path} is not a checkpoint of this repo (missing {sorted(missing)})")
+    return ckpt
+
+
+def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
+    from omegaconf import OmegaConf
+    for group in ("backbone", "pe", "model"):
+        now = OmegaConf.to_container(cfg[group], resolve=True)
+        if ckpt_cfg[group] != now:
+            raise ConfigError(f"cannot resume: the checkpoint's {group} config {ckpt_cfg[group]} differs from this "
+                              f"run's {now}; use another out_dir or resume=never")
+    for key in ("global_batch_tokens",):
+        if ckpt_cfg["train"][key] != cfg.train[key]:
+            raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'][key]}, now {cfg.train[key]} "
+                              "(the data position is counted in global batches)")
+
+
+# ------------------------------------------------------------------------------------------------------ logging
+class Logger:
+    """metrics.jsonl always; wandb when enabled (offline without credentials); console through tqdm."""
+
+    def __init__(self, cfg, out_dir: Path, enabled: bool, run_id: str | None):
+        self.enabled, self.wandb = enabled, None
+        self.file = open(out_dir / "metrics.jsonl", "a") if enabled else None
+        if not enabled or cfg.logger.mode == "disabled":
+            return
+        import wandb
+        mode = cfg.logger.mode
+        if mode == "auto":
+            mode = "online" if (os.environ.get("WANDB_API_KEY") or _wandb_logged_in()) else "offline"
+        from omegaconf import OmegaConf
+        self.wandb = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group,
+                                tags=list(cfg.logger.tags), name=cfg.run_name, dir=str(out_dir), mode=mode,
+                                id=run_id, resume="allow", config=OmegaConf.to_container(cfg, resolve=True))
+
+    @property
+    def run_id(self):
+        return self.wandb.id if self.wandb is not None else None
+
+    def log(self, row: dict):
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=row["step"])
+
+    def close(self):
+        if self.file:
+            self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _wandb_logged_in() -> bool:
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text()
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+# ------------------------------------------------------------------------------------------------------- eval
+@torch.no_grad()
+def evaluate(model, windows, n_windows: int, micro_batch: int, device, autocast, rank: int, world: int) -> float:
+    """Mean next-token loss over the first n_windows validation windows (fixed order), split across ranks."""
+    model.eval()
+    ids = list(range(min(n_windows, len(windows))))[rank::world]
+    total, count = torch.zeros((), device=device), torch.zeros((), device=device)
+    for i in range(0, len(ids), micro_batch):
+        x, y = windows.batch(ids[i:i + micro_batch])
+        with autocast:
+            _, loss = model(x.to(device), y.to(device))
+        total += loss.float() * x.shape[0]
+        count += x.shape[0]
+    if world > 1:
+        dist.all_reduce(total)
+        dist.all_reduce(count)
+    model.train()
+    return (total / count.clamp(min=1)).item()
+
+
+# -------------------------------------------------------------------------------------------------------- main
+def run(cfg) -> dict:
+    """Train as the config says; returns the final metrics. Raises ConfigError / ShardError on bad input."""
+    from omegaconf import OmegaConf
+
+    import data as data_lib
+
+    ddp = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank, world, local_rank = 0, 1, 0
+    if ddp:
+        rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    derived = check_config(cfg, world)
+    steps, accum = derived["steps"], derived["grad_accum"]
+    t = cfg.train
+    use_cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if ddp:
+        if use_cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    master = rank == 0
+    out_dir = Path(cfg.out_dir)
+
+    # resume decision first: a bad checkpoint must fail before data preparation
+    ckpt = None
+    if str(cfg.resume) == "auto":
+        path = find_checkpoint(out_dir)
+        ckpt = load_checkpoint(path) if path else None
+    elif str(cfg.resume) == "never":
+        if find_checkpoint(out_dir) is not None:
+            raise ConfigError(f"{out_dir} already holds checkpoints and resume=never; use resume=auto or another out_dir")
+    else:
+        ckpt = load_checkpoint(Path(str(cfg.resume)))
+    if ckpt is not None:
+        check_resume_compatible(ckpt["config"], cfg)
+
+    # data: rank 0 prepares (tokenizer + shards, cached), the others wait and then read the cache
+    if master:
+        info = data_lib.prepare(cfg.data, progress=t.progress)
+    if ddp:
+        dist.barrier()
+    if not master:
+        info = data_lib.prepare(cfg.data, progress=False)
+    tok = info.tokenizer
+    vocab = 64 * math.ceil(tok.vocab_size / 64)  # padded: matmuls like multiples of 64
+    seq = cfg.model.seq_len
+    train_windows = data_lib.TokenWindows(info.train_shards, seq, tok.vocab_size, seed=cfg.seed)
+    val_windows = data_lib.TokenWindows(info.val_shards, seq, tok.vocab_size, shuffle=False)
+    batches = data_lib.TrainBatches(train_windows, t.micro_batch, accum, rank, world)
+
+    # model and optimiser
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab).to(device)
+    optimizer = make_optimizer(model, cfg.optim, fused=use_cuda)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim, steps))
+    start_step, run_id = 0, None
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        start_step, run_id = ckpt["step"], ckpt.get("wandb_id")
+        if ckpt["world_size"] == world:
+            _set_rng_state(ckpt["rng"][rank])
+        elif master:
+            print(f"resuming a {ckpt['world_size']}-process run on {world}: same global batches (the data order is "
+                  "world-size independent); per-rank RNG streams are reseeded", file=sys.stderr)
+    if ckpt is None or ckpt["world_size"] != world:
+        random.seed(cfg.seed + rank)
+        np.random.seed(cfg.seed + rank)
+        torch.manual_seed(cfg.seed + rank)
+    train_model = torch.compile(model) if t.compile else model
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        train_model = DDP(train_model, device_ids=[local_rank] if use_cuda else None)
+    bf16 = t.dtype == "bf16" or (t.dtype == "auto" and use_cuda)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    logger = Logger(cfg, out_dir, master, run_id)
+    flops_tok = model.flops_per_token(seq)
+    peak = peak_flops(device)
+    if master:
+        print(f"model: backbone={cfg.backbone.name} pe={cfg.pe.name} size={cfg.model.name}: "
+              f"{model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M without embeddings), "
+              f"vocab {tok.vocab_size} (padded {vocab})")
+        print(f"data: {cfg.data.name}: {info.n_train_tokens:,} train / {info.n_val_tokens:,} val tokens in {info.dir}")
+        print(f"train: {steps} steps x {t.global_batch_tokens:,} tokens = {steps * t.global_batch_tokens:,} tokens; "
+              f"micro_batch {t.micro_batch} x grad_accum {accum} x world {world}; device {device}, "
+              f"{'bf16 autocast' if bf16 else 'fp32'}" + (f"; resuming at step {start_step}" if start_step else ""))
+
+    def checkpoint(step):
+        states = [None] * world
+        if ddp:
+            dist.all_gather_object(states, _rng_state())
+        else:
+            states = [_rng_state()]
+        if master:
+            save_checkpoint(out_dir / "checkpoints", step, {
+                "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": states, "world_size": world,
+                "data_position": {"next_step": step, "samples_seen": step * batches.global_batch},
+                "config": OmegaConf.to_container(cfg, resolve=True), "tokenizer": tok.to_dict(),
+                "vocab_size": vocab, "wandb_id": logger.run_id}, t.keep_checkpoints)
+
+    from tqdm import tqdm
+    bar = tqdm(total=steps, initial=start_step, disable=not (master and t.progress), unit="step", dynamic_ncols=True,
+               file=sys.stdout)
+    n_val = max(1, t.eval_tokens // seq)
+    result = {}
+    t_last, tokens_since, steps_since = time.perf_counter(), 0, 0
+    loss_sum = torch.zeros((), device=device)
+    for step in range(start_step, steps):
+        for micro in range(accum):
+            x, y = batches.get(step, micro)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            sync = nullcontext() if not ddp or micro == accum - 1 else train_model.no_sync()
+            with sync, autocast:
+                _, loss = train_model(x, y)
+            (loss / accum).backward()
+            loss_sum += loss.detach() / accum
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens_since += t.global_batch_tokens
+        steps_since += 1
+        done = step + 1
+        bar.update(1)
+
+        if done % t.log_interval == 0 or done == steps:
+            if ddp:
+                dist.all_reduce(loss_sum)
+                loss_sum /= world
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t_last
+            tps = tokens_since / dt
+            row = {"step": done, "loss": loss_sum.item() / steps_since, "lr": lr, "grad_norm": grad_norm.item(),
+                   "tokens_per_s": tps, "mfu": flops_tok * tps / (peak * world) if peak else None,
+                   "tokens": done * t.global_batch_tokens}
+            logger.log(row)
+            mfu = f" mfu {row['mfu']:.3f}" if row["mfu"] else ""
+            bar.set_postfix(loss=f"{row['loss']:.3f}")
+            if master:
+                bar.write(f"step {done:6d} | loss {row['loss']:.4f} | lr {lr:.2e} | grad {row['grad_norm']:.2f} | "
+                          f"{tps:,.0f} tok/s{mfu}")
+            result.update(row)
+            loss_sum.zero_()
+            t_last, tokens_since, steps_since = time.perf_counter(), 0, 0
+        if done % t.eval_interval == 0 or done == steps:
+            val = evaluate(model, val_windows, n_val, t.micro_batch, device, autocast, rank, world)
+            logger.log({"step": done, "val_loss": val, "val_ppl": math.exp(min(val, 50))})
+            if master:
+                bar.write(f"step {done:6d} | val loss {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}")
+            result.update(val_loss=val)
+            t_last = time.perf_counter()  # evaluation time is not training throughput
+        if done % t.ckpt_interval == 0 or done == steps:
+            checkpoint(done)
+            t_last = time.perf_counter()
+    bar.close()
+
+    if master and t.sample_tokens > 0 and steps > start_step:
+        model.eval()
+        prompt = torch.tensor([tok.encode(t.sample_prompt) or [tok.eot_id]], device=device)
+        with autocast:
+            out = model.generate(prompt, t.sample_tokens, temperature=0.8, top_k=50,
+                                 generator=torch.Generator(device).manual_seed(cfg.seed))
+        result["sample"] = tok.decode(out[0].tolist())
+        print("sample:", repr(result["sample"]))
+    logger.close()
+    if ddp:
+        dist.destroy_process_group()
+    return result
+
+
+def main():
+    import hydra
+
+    @hydra.main(config_path="conf", config_name="config", version_base="1.3")
+    def _main(cfg):
+        from data import ShardError
+        try:
+            return run(cfg)
+        except (ConfigError, ShardError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    _main()
+
+
+if __name__ == "__main__":
+    main()
