@@ -32,4 +32,4 @@ def tiny_overrides(out_dir, cache, *extra):
             "model.d_model=32", "model.n_heads=2", "model.seq_len=32", "train.micro_batch=4",
             "train.global_batch_tokens=256", "train.log_interval=1", "train.eval_interval=1000",
             "train.eval_tokens=512", "train.ckpt_interval=1000", "train.sample_tokens=0", "train.progress=false",
-            "logger.mode=disabled", *extra]
+            "logger.mode=disabled", "train.device=cpu", *extra]
