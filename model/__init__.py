@@ -64,7 +64,7 @@ def build_model(backbone, pe, model, vocab_size: int) -> GPT:
     dims = Dims(cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.seq_len)
     mixer_cls = MIXERS[backbone["name"]]
     options = {k: v for k, v in backbone.items() if k != "name"}
-    relative = SCHEMES[pe["name"]].kind in ("rotary", "score")
+    relative = SCHEMES[pe["name"]].kind not in ("none", "absolute")  # built per layer, owned by the mixer
     mixers: list[Mixer] = [mixer_cls(cfg.d_model, cfg.n_heads, build_pe(pe, dims) if relative else None, **options)
                            for _ in range(cfg.n_layer)]
     abs_pe = build_pe(pe, dims) if SCHEMES[pe["name"]].kind == "absolute" else None

@@ -157,3 +157,149 @@ def test_xl_bias_matches_the_four_term_formula():
                 R = W[h] @ r
                 term = (q[0, n, h] @ R + pe.u[h] @ k[0, j, h] + pe.v[h] @ R) / math.sqrt(D)
                 torch.testing.assert_close(bias[0, h, n, j], term)
+
+
+# ------------------------------------------------------------------------------ the recurrences and their duals
+from kernels.path_attention import path_attention_reference, path_scores  # noqa: E402
+from kernels.recurrences import delta_rule_recurrent, gated_chunked, gated_recurrent, oja_recurrent  # noqa: E402
+from model import build_model  # noqa: E402
+from model.mixers.scalar_decay import retnet_gammas  # noqa: E402
+
+
+@pytest.mark.parametrize("T", [1, 16, 37])
+@pytest.mark.parametrize("scalar", [False, True])
+def test_gated_chunked_equals_recurrent(T, scalar):
+    q, k, v = qkv(T=T)
+    g = torch.nn.functional.logsigmoid(torch.randn(2, T, 3, 1 if scalar else 8)) * 3
+    S0 = torch.randn(2, 3, 8, 8)
+    o1, S1 = gated_chunked(q, k, v, g, 0.3, S0)
+    o2, S2 = gated_recurrent(q, k, v, g, 0.3, S0)
+    torch.testing.assert_close(o1, o2)
+    torch.testing.assert_close(S1, S2)
+
+
+def _decay_mask_attention(q, k, v, log_a):
+    """The parallel (matrix) form of a scalar-decay linear recurrence: O = ((Q K^T) * D) V, D_ij = prod a = e^{c_i - c_j}."""
+    c = torch.cumsum(log_a, 1).transpose(1, 2)  # [B, H, T]
+    T = q.shape[1]
+    D = torch.exp(c[..., :, None] - c[..., None, :]).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0)
+    return torch.einsum("bhij,bjhd->bihd", torch.einsum("bihd,bjhd->bhij", q, k) * D, v)
+
+
+def test_retnet_is_linear_attention_with_the_alibi_mask():
+    """RetNet's fixed decay gamma_h == linear attention with the decay mask gamma^(i-j): ALiBi without softmax."""
+    q, k, v = qkv(T=21, H=4)
+    log_gamma = torch.log(retnet_gammas(4))
+    o, _ = gated_chunked(q, k, v, log_gamma.expand(2, 21, 4)[..., None], 1.0)
+    torch.testing.assert_close(o, _decay_mask_attention(q, k, v, log_gamma.expand(2, 21, 4)))
+
+
+def test_mamba2_decay_is_linear_attention_with_the_fox_mask():
+    q, k, v = qkv(T=21)
+    log_a = torch.nn.functional.logsigmoid(torch.randn(2, 21, 3))
+    o, _ = gated_recurrent(q, k, v, log_a[..., None], 1.0)
+    torch.testing.assert_close(o, _decay_mask_attention(q, k, v, log_a))
+
+
+def test_alibi_transformer_equals_fox_with_a_constant_gate():
+    """Seed 000 sections 2-3 at model level: a FoX layer whose forget gate is the constant sigmoid(b_h) = e^{-m_h}
+    computes exactly what softmax attention + ALiBi computes, given the same q, k, v, o weights."""
+    size = {"name": "t", "n_layer": 2, "d_model": 32, "n_heads": 4, "seq_len": 20}
+    torch.manual_seed(0)
+    alibi = build_model({"name": "transformer"}, {"name": "alibi"}, size, 50).double()
+    fox = build_model({"name": "fox"}, {"name": "nope"}, size, 50).double()
+    missing = fox.load_state_dict(alibi.state_dict(), strict=False).missing_keys
+    assert sorted(missing) == [f"blocks.{i}.mixer.f_proj.{p}" for i in range(2) for p in ("bias", "weight")]
+    m = alibi_slopes(4).double()
+    for block in fox.blocks:
+        torch.nn.init.zeros_(block.mixer.f_proj.weight)
+        with torch.no_grad():  # logsigmoid(b) = -m  <=>  b = -log(e^m - 1)
+            block.mixer.f_proj.bias.copy_(-torch.log(torch.expm1(m)))
+    idx = torch.randint(0, 50, (2, 20))
+    torch.testing.assert_close(fox(idx)[0], alibi(idx)[0])
+
+
+def _householder_product_scores(q, k, w, beta):
+    """PaTH scores the slow way: build prod_{s=j+1..i} (I - beta_s w_s w_s^T) as a matrix for every (i, j)."""
+    B, T, H, D = q.shape
+    out = torch.zeros(B, H, T, T)
+    eye = torch.eye(D)
+    for b in range(B):
+        for h in range(H):
+            Hs = [eye - beta[b, s, h] * torch.outer(w[b, s, h], w[b, s, h]) for s in range(T)]
+            for i in range(T):
+                P = eye.clone()
+                for j in range(i, -1, -1):  # P = H_{j+1} ... H_i
+                    out[b, h, i, j] = k[b, j, h] @ P @ q[b, i, h]
+                    P = Hs[j] @ P
+    return out
+
+
+def test_path_scores_equal_the_householder_products():
+    q, k, _ = qkv(B=1, T=9, H=2, D=4)
+    w = torch.nn.functional.normalize(torch.randn(1, 9, 2, 4), dim=-1)
+    beta = 2 * torch.rand(1, 9, 2)
+    torch.testing.assert_close(path_scores(q, k, w, beta), _householder_product_scores(q, k, w, beta))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_deltanet_is_path_without_softmax(gated):
+    """Seed 000 sections 5-6: the delta rule's output is sum_j beta_j (k_j^T H_{j+1}..H_t q_t) v_j (times
+    e^{c_t - c_j} for Gated DeltaNet), i.e. PaTH (PaTH-FoX) scores with w = k, without the softmax."""
+    q, k, v = qkv(T=17)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.rand(2, 17, 3)
+    g = torch.nn.functional.logsigmoid(torch.randn(2, 17, 3)) if gated else None
+    o, _ = delta_rule_recurrent(q, k, v, beta, 1.0, g)
+    A = path_scores(q, k, k, beta) * beta.transpose(1, 2)[:, :, None, :]
+    if gated:
+        c = torch.cumsum(g, 1).transpose(1, 2)
+        A = A * torch.exp(c[..., :, None] - c[..., None, :]).tril()
+    torch.testing.assert_close(o, torch.einsum("bhij,bjhd->bihd", A, v))
+
+
+def test_path_attention_reference_with_fox_gate_matches_formula():
+    q, k, v = qkv(B=1, T=7, H=2, D=4)
+    w = torch.nn.functional.normalize(torch.randn(1, 7, 2, 4), dim=-1)
+    beta, f = 2 * torch.rand(1, 7, 2), torch.nn.functional.logsigmoid(torch.randn(1, 7, 2))
+    c = torch.cumsum(f, 1)
+    s = _householder_product_scores(q, k, w, beta) / 2 + (c.transpose(1, 2)[..., :, None] - c.transpose(1, 2)[..., None, :])
+    s = s.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v)
+    torch.testing.assert_close(path_attention_reference(q, k, v, w, beta, c, scale=0.5), ref)
+
+
+def test_gated_oja_equals_its_value_side_unrolling():
+    """Seed 001 eq. 4: o_t = sum_j [prod_{s=j+1..t} (I - beta_s v_s v_s^T) diag(alpha_s)] beta_j v_j (k_j^T q_t),
+    with the first factor (s = t) leftmost; our recurrence includes diag(alpha_j)... order checked explicitly."""
+    B, T, H, D = 1, 6, 1, 4
+    q, k, v = qkv(B, T, H, D)
+    v = torch.nn.functional.normalize(v, dim=-1)
+    gv = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D))
+    beta = torch.rand(B, T, H)
+    o, _ = oja_recurrent(q, k, v, gv, beta, 1.0)
+    eye = torch.eye(D)
+    for t in range(T):
+        acc = torch.zeros(D)
+        for j in range(t + 1):
+            P = eye.clone()
+            for s in range(t, j, -1):  # (I - b_t v_t v_t^T) D_t ... (I - b_{j+1} ...) D_{j+1}
+                P = P @ (eye - beta[0, s, 0] * torch.outer(v[0, s, 0], v[0, s, 0])) @ torch.diag(torch.exp(gv[0, s, 0]))
+            acc = acc + beta[0, j, 0] * (P @ v[0, j, 0]) * (k[0, j, 0] @ q[0, t, 0])
+        torch.testing.assert_close(o[0, t, 0], acc)
+
+
+def test_vo_rope_rotates_values_by_relative_angle():
+    size = {"name": "t", "n_layer": 1, "d_model": 8, "n_heads": 1, "seq_len": 12}
+    m = build_model({"name": "transformer"}, {"name": "vo_rope"}, size, 20).double()
+    mixer = m.blocks[0].mixer
+    x = torch.randn(1, 12, 8)
+    q, k, v = mixer.qkv(x).view(1, 12, 3, 1, 8).unbind(2)
+    p = torch.softmax((torch.einsum("bihd,bjhd->bij", q, k) / math.sqrt(8)).masked_fill(
+        torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf")), -1)
+    theta = rope_frequencies(8)
+    ref = torch.zeros(1, 12, 8)
+    for t in range(12):
+        for j in range(t + 1):
+            ref[0, t] += p[0, t, j] * rotate(v[0, j, 0], (j - t) * theta)
+    torch.testing.assert_close(mixer(x), mixer.o_proj(ref), rtol=1e-5, atol=1e-6)

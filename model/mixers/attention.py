@@ -5,8 +5,9 @@
     o_i     = sum_{j<=i} softmax_j(q_i.k_j / sqrt(D) + (c_i - c_j) + b_ij) v_j      (kernels/attention.py)
     y       = o W_o
 
-A score scheme supplies the log-decay c (ALiBi) and/or the bias b (T5, Transformer-XL). The incremental form keeps
-a KV cache: keys are cached after rotation, so each token is rotated once, at its own position.
+A score scheme supplies the log-decay c (ALiBi) and/or the bias b (T5, Transformer-XL); VO-RoPE rotates v_j by R_j
+and the output by R_t^T. The incremental form keeps a KV cache: keys (and values) are cached after rotation, so each
+token is rotated once, at its own position.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import torch
 from torch import nn
 
 from kernels.attention import decayed_attention
+from kernels.rotary import rotate
 
 from .base import Mixer, register, residual_linear
 
 
 @register("transformer")
 class SoftmaxAttention(Mixer):
-    pe_kinds = ("none", "absolute", "rotary", "score")
+    pe_kinds = ("none", "absolute", "rotary", "score", "vo_rotary")
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False):
         super().__init__(d_model, n_heads, pe)
@@ -36,6 +38,10 @@ class SoftmaxAttention(Mixer):
         q, k = self.q_norm(q), self.k_norm(k)
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
+        vo = self.pe is not None and self.pe.kind == "vo_rotary"
+        if vo:
+            phi = self.pe.angles(T, offset, self.head_dim, x.device)
+            v = rotate(v, phi)
         if cache is not None:
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
@@ -44,6 +50,8 @@ class SoftmaxAttention(Mixer):
         if self.pe is not None and self.pe.kind == "score":
             log_decay, bias = self.pe(q, k, offset=offset)
         o = decayed_attention(q, k, v, log_decay=log_decay, bias=bias)
+        if vo:
+            o = rotate(o, -phi)
         return self.o_proj(o.reshape(B, T, self.d_model))
 
     def flops_per_token(self, seq_len):

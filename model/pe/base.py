@@ -8,6 +8,7 @@ A scheme acts in one of four places (its `kind`), and a mixer lists the kinds it
     rotary     q and k inside the mixer: forward(q, k, ...)    rope
     score      the attention scores: an additive log-decay     alibi, t5, xl
                c_i - c_j and/or a bias b_ij (kernels/attention.py)
+    vo_rotary  the values (R_j v_j) and the output (R_t^T o_t) vo_rope
 
 Relative schemes (rotary, score) are built once per layer and owned by that layer's mixer.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-KINDS = ("none", "absolute", "rotary", "score")
+KINDS = ("none", "absolute", "rotary", "score", "vo_rotary")
 REGISTRY: dict[str, type["PositionalScheme"]] = {}
 
 

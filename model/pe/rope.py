@@ -16,15 +16,17 @@ class RoPE(PositionalScheme):
 
     def __init__(self, dims, *, base: float = 10000.0):
         super().__init__(dims)
-        if dims.head_dim % 2:
-            raise ValueError(f"pe=rope needs an even head_dim, got {dims.head_dim}")
-        self.register_buffer("theta", rope_frequencies(dims.head_dim, base).float(), persistent=False)
+        self.base = base
 
-    def angles(self, T: int, offset: int, device) -> torch.Tensor:
-        """phi [T, 1, D/2] for positions offset .. offset+T-1 (broadcasts over batch and heads)."""
+    def angles(self, T: int, offset: int, dim: int, device) -> torch.Tensor:
+        """phi [T, 1, dim/2] for positions offset .. offset+T-1 (broadcasts over batch and heads). The rotated
+        dimension is the mixer's q/k head size, which need not be d_model / n_heads (GLA halves it)."""
+        if dim % 2:
+            raise ValueError(f"pe=rope rotates channel pairs: the q/k head size {dim} must be even")
+        theta = rope_frequencies(dim, self.base).to(device=device, dtype=torch.float32)
         pos = torch.arange(offset, offset + T, device=device, dtype=torch.float32)
-        return (pos[:, None] * self.theta.to(device)[None, :])[:, None, :]
+        return (pos[:, None] * theta[None, :])[:, None, :]
 
     def forward(self, q, k, *, offset: int = 0, x=None, cache=None):
-        phi = self.angles(q.shape[1], offset, q.device)
+        phi = self.angles(q.shape[1], offset, q.shape[-1], q.device)
         return rotate(q, phi), rotate(k, phi)

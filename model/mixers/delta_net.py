@@ -1,0 +1,78 @@
+"""DeltaNet (Schlag et al. 2021; Yang et al. 2024) and Gated DeltaNet (Yang et al. 2025): `deltanet`, `gated_deltanet`.
+
+    q, k, v = SiLU(ShortConv(x W_q)), ...           (short causal convolutions, kernel 4)
+    q, k    <- q / |q|, k / |k|                        (L2 normalised)
+    beta_t  = sigmoid(x W_beta)                         in (0, 1)   (x2 with allow_neg_eigval: (0, 2))
+    a_t     = exp(-exp(A_log) softplus(x W_a + dt_bias))  Mamba2's scalar decay (gated_deltanet only)
+    S_t     = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t / sqrt(D)
+    y       = W_o [RMSNorm(o_t) * silu(x W_g)]
+
+The transition I - beta k k^T is a Householder-like matrix: its softmax dual is PaTH, and with the decay a_t,
+PaTH-FoX (seed 000, sections 5-6). The incremental form keeps S and the convolutions' last inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.recurrences import delta_rule, delta_rule_recurrent
+
+from .base import Mixer, register
+from .layers import GatedOutput, ScalarDecay, ShortConv, l2norm, up
+
+
+class _DeltaNet(Mixer):
+    pe_kinds = ("none", "absolute", "rotary")
+    gated = False
+
+    def __init__(self, d_model, n_heads, pe=None, *, expand_v: float = 1.0, conv_size: int = 4,
+                 allow_neg_eigval: bool = False, output_gate: bool = True):
+        super().__init__(d_model, n_heads, pe)
+        self.dk = self.head_dim
+        self.dv = int(self.head_dim * expand_v)
+        H = n_heads
+        self.q_proj = nn.Linear(d_model, H * self.dk, bias=False)
+        self.k_proj = nn.Linear(d_model, H * self.dk, bias=False)
+        self.v_proj = nn.Linear(d_model, H * self.dv, bias=False)
+        self.q_conv, self.k_conv = ShortConv(H * self.dk, conv_size), ShortConv(H * self.dk, conv_size)
+        self.v_conv = ShortConv(H * self.dv, conv_size)
+        self.b_proj = nn.Linear(d_model, H, bias=False)
+        self.beta_max = 2.0 if allow_neg_eigval else 1.0
+        self.decay = ScalarDecay(d_model, H) if self.gated else None
+        self.out = GatedOutput(d_model, H, self.dv, output_gate)
+
+    def forward(self, x, cache=None):
+        B, T, _ = x.shape
+        H = self.n_heads
+        q = l2norm(self.q_conv(self.q_proj(x), cache, "q_conv").view(B, T, H, self.dk))
+        k = l2norm(self.k_conv(self.k_proj(x), cache, "k_conv").view(B, T, H, self.dk))
+        v = self.v_conv(self.v_proj(x), cache, "v_conv").view(B, T, H, self.dv)
+        beta = self.beta_max * torch.sigmoid(up(self.b_proj(x)))
+        g = self.decay(x) if self.gated else None
+        offset = 0 if cache is None else cache.get("offset", 0)
+        q, k = self.rotate_qk(q, k, x, cache, offset)
+        scale = self.dk ** -0.5
+        if cache is None:
+            o, _ = delta_rule(q, k, v, beta, scale, g)
+        elif T == 1:
+            o, S = delta_rule_recurrent(q, k, v, beta, scale, g, cache.get("S"))
+            cache.update(S=S, offset=offset + T)
+        else:
+            o, S = delta_rule(q, k, v, beta, scale, g, cache.get("S"), output_state=True)
+            cache.update(S=S, offset=offset + T)
+        return self.out(o.to(x.dtype), x)
+
+    def flops_per_token(self, seq_len):
+        # S^T k, the rank-one update, S^T q (chunked WY kernels roughly double this; counted as the recurrence)
+        return 6.0 * self.n_heads * self.dk * self.dv
+
+
+@register("deltanet")
+class DeltaNet(_DeltaNet):
+    gated = False
+
+
+@register("gated_deltanet")
+class GatedDeltaNet(_DeltaNet):
+    gated = True

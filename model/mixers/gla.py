@@ -1,0 +1,64 @@
+"""Gated Linear Attention (Yang et al. 2024), the `gla` backbone: a data-dependent diagonal forget gate.
+
+    q, k = x W_q, x W_k                  (key dim per head D_k = expand_k * d_model / H)
+    v    = x W_v                         (value dim per head D_v = expand_v * d_model / H)
+    g_t  = logsigmoid(x W_1 W_2 + b) / tau     low rank r, normaliser tau = 16: log alpha_t, in (-inf, 0)^{D_k}
+    S_t  = diag(alpha_t) S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(D_k)          (kernels/recurrences.py)
+    y    = W_o [RMSNorm(o_t) * silu(x W_r)]
+
+Seen from softmax attention, prod_s diag(alpha_s) is FoX's forget gate made per channel (seed 000, section 3).
+A rotary scheme rotates q and k (GLA + RoPE / Selective RoPE). The incremental form keeps S (D_k x D_v per head).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.recurrences import gated, gated_recurrent
+
+from .base import Mixer, register
+from .layers import GatedOutput, up
+
+
+@register("gla")
+class GLA(Mixer):
+    pe_kinds = ("none", "absolute", "rotary")
+
+    def __init__(self, d_model, n_heads, pe=None, *, expand_k: float = 0.5, expand_v: float = 1.0,
+                 gate_low_rank: int = 16, gate_normalizer: float = 16.0, output_gate: bool = True):
+        super().__init__(d_model, n_heads, pe)
+        self.dk, self.dv = int(d_model * expand_k) // n_heads, int(d_model * expand_v) // n_heads
+        if self.dk < 1 or self.dv < 1:
+            raise ValueError(f"gla: expand_k={expand_k}, expand_v={expand_v} leave no channels per head")
+        self.q_proj = nn.Linear(d_model, n_heads * self.dk, bias=False)
+        self.k_proj = nn.Linear(d_model, n_heads * self.dk, bias=False)
+        self.v_proj = nn.Linear(d_model, n_heads * self.dv, bias=False)
+        self.g_proj = nn.Sequential(nn.Linear(d_model, gate_low_rank, bias=False),
+                                    nn.Linear(gate_low_rank, n_heads * self.dk, bias=True))
+        self.gate_normalizer = gate_normalizer
+        self.out = GatedOutput(d_model, n_heads, self.dv, output_gate)
+
+    def forward(self, x, cache=None):
+        B, T, _ = x.shape
+        H = self.n_heads
+        q = self.q_proj(x).view(B, T, H, self.dk)
+        k = self.k_proj(x).view(B, T, H, self.dk)
+        v = self.v_proj(x).view(B, T, H, self.dv)
+        g = F.logsigmoid(up(self.g_proj(x))).view(B, T, H, self.dk) / self.gate_normalizer
+        offset = 0 if cache is None else cache.get("offset", 0)
+        q, k = self.rotate_qk(q, k, x, cache, offset)
+        scale = self.dk ** -0.5
+        if cache is None:
+            o, _ = gated(q, k, v, g, scale)
+        elif T == 1:  # decoding: one step of the recurrence
+            o, S = gated_recurrent(q, k, v, g, scale, cache.get("S"))
+            cache.update(S=S, offset=offset + T)
+        else:  # prefill: the parallel form, continuing from and returning the state
+            o, S = gated(q, k, v, g, scale, cache.get("S"), output_state=True)
+            cache.update(S=S, offset=offset + T)
+        return self.out(o.to(x.dtype), x)
+
+    def flops_per_token(self, seq_len):
+        # state update k v^T, decay, readout S^T q: ~ 3 x 2 H D_k D_v (chunked kernels add intra-chunk work)
+        return 6.0 * self.n_heads * self.dk * self.dv

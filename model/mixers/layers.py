@@ -1,0 +1,76 @@
+"""Small pieces several mixers share: the causal short convolution and the gated output norm."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time (kernel size K) followed by SiLU, as in Mamba / Gated DeltaNet.
+    The incremental form keeps the last K - 1 inputs in cache[key]."""
+
+    def __init__(self, dim: int, kernel_size: int = 4):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.weight = nn.Parameter(torch.randn(dim, 1, kernel_size) / kernel_size ** 0.5)
+
+    def forward(self, x, cache: dict | None = None, key: str = "conv"):
+        B, T, D = x.shape
+        past = x.new_zeros(B, self.kernel_size - 1, D) if cache is None or key not in cache else cache[key]
+        full = torch.cat([past, x], 1)
+        if cache is not None:
+            cache[key] = full[:, -(self.kernel_size - 1):]
+        y = F.conv1d(full.transpose(1, 2), self.weight.to(x.dtype), groups=D)
+        return F.silu(y.transpose(1, 2))
+
+
+class GatedOutput(nn.Module):
+    """y = W_o [RMSNorm_head(o) * silu(W_g x)] (or without the gate): the output stage of GLA / Gated DeltaNet."""
+
+    def __init__(self, d_model: int, n_heads: int, head_v: int, gate: bool = True):
+        super().__init__()
+        from .base import residual_linear
+        self.n_heads, self.head_v = n_heads, head_v
+        self.norm = nn.RMSNorm(head_v)
+        self.gate = nn.Linear(d_model, n_heads * head_v, bias=False) if gate else None
+        self.o_proj = residual_linear(n_heads * head_v, d_model)
+
+    def forward(self, o, x):
+        B, T = o.shape[:2]
+        o = self.norm(o).reshape(B, T, self.n_heads * self.head_v)
+        if self.gate is not None:
+            o = o * F.silu(self.gate(x))
+        return self.o_proj(o)
+
+
+def up(x):
+    """At least fp32 (gates and decays are summed over many tokens), float64 stays float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def l2norm(x, eps: float = 1e-6):
+    return x * torch.rsqrt((up(x) * up(x)).sum(-1, keepdim=True) + eps).to(x.dtype)
+
+
+class ScalarDecay(nn.Module):
+    """Mamba2's scalar selective decay per head, in log space: log a_t = -exp(A_log) softplus(x W_a + dt_bias).
+    Init as Mamba2: A ~ U[1, 16], dt = softplus(dt_bias) ~ logU[1e-3, 1e-1]."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(n_heads))
+        self.dt_bias = nn.Parameter(torch.zeros(n_heads))
+
+    def init_extra(self):
+        import math
+        with torch.no_grad():
+            H = self.A_log.numel()
+            self.A_log.copy_(torch.log(torch.empty(H).uniform_(1, 16)))
+            dt = torch.exp(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def forward(self, x):
+        return -torch.exp(up(self.A_log)) * F.softplus(up(self.a_proj(x)) + self.dt_bias)

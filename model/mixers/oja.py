@@ -1,0 +1,61 @@
+"""Gated Oja rule (seed 001), the `gated_oja` backbone: a value-side ("VO") position encoding.
+
+    q, k = x W_q, x W_k;  v = L2norm(x W_v)
+    alpha_t = exp(logsigmoid(x W_1 W_2 + b) / tau)       per value channel (low rank, as GLA's key gate)
+    beta_t  = sigmoid(x_t w_beta)
+    S_t = (I - beta_t v_t v_t^T) diag(alpha_t) S_{t-1} + beta_t v_t k_t^T          (S: D_v x D_k)
+    o_t = S_t q_t / sqrt(D_k),   y = W_o [RMSNorm(o_t) * silu(x W_g)]
+
+Unrolled, o_t = sum_j [prod_{s=j+1..t} (I - beta_s v_s v_s^T) diag(alpha_s)] v_j (k_j^T q_t): the transition acts on
+the values, where gated DeltaNet's acts between q and k (seed 001 eqs. 3-4). Kernel: FLA's chunk_gated_oja_rule.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.recurrences import oja, oja_recurrent
+
+from .base import Mixer, register
+from .layers import GatedOutput, l2norm, up
+
+
+@register("gated_oja")
+class GatedOja(Mixer):
+    pe_kinds = ("none", "absolute", "rotary")
+
+    def __init__(self, d_model, n_heads, pe=None, *, gate_low_rank: int = 16, gate_normalizer: float = 16.0,
+                 output_gate: bool = True):
+        super().__init__(d_model, n_heads, pe)
+        D = self.head_dim
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.g_proj = nn.Sequential(nn.Linear(d_model, gate_low_rank, bias=False),
+                                    nn.Linear(gate_low_rank, n_heads * D, bias=True))
+        self.b_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.gate_normalizer = gate_normalizer
+        self.out = GatedOutput(d_model, n_heads, D, output_gate)
+
+    def forward(self, x, cache=None):
+        B, T, _ = x.shape
+        H, D = self.n_heads, self.head_dim
+        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
+        v = l2norm(v)
+        gv = F.logsigmoid(up(self.g_proj(x))).view(B, T, H, D) / self.gate_normalizer
+        beta = torch.sigmoid(up(self.b_proj(x)))
+        offset = 0 if cache is None else cache.get("offset", 0)
+        q, k = self.rotate_qk(q, k, x, cache, offset)
+        scale = D ** -0.5
+        if cache is None:
+            o, _ = oja(q, k, v, gv, beta, scale)
+        elif T == 1:
+            o, S = oja_recurrent(q, k, v, gv, beta, scale, cache.get("S"))
+            cache.update(S=S, offset=offset + T)
+        else:
+            o, S = oja(q, k, v, gv, beta, scale, cache.get("S"), output_state=True)
+            cache.update(S=S, offset=offset + T)
+        return self.out(o.to(x.dtype), x)
+
+    def flops_per_token(self, seq_len):
+        return 6.0 * self.n_heads * self.head_dim ** 2

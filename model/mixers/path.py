@@ -1,0 +1,95 @@
+"""PaTH attention (Yang et al. 2025) and PaTH-FoX: `path`, `path_fox`.
+
+    q, k, v = x W_q, x W_k, x W_v
+    w_t     = L2norm(ShortConv(x W_w))_t,   beta_t = 2 sigmoid(x_t w_beta)  in (0, 2)
+    score_ij = q_i^T (H_i ... H_{j+1})^T k_j / sqrt(D) (+ c_i - c_j),   H_s = I - beta_s w_s w_s^T
+    f_t = logsigmoid(x_t w_f + b_f), c = cumsum(f)                          (path_fox only: FoX's forget gate)
+
+The accumulated Householder product is DeltaNet's state transition used as a position encoding (seed 000,
+section 5); adding the forget gate gives the dual of Gated DeltaNet (section 6). PaTH is itself the positional
+scheme, so it takes pe=nope only. Kernels: kernels/path_attention.py (FLA's parallel_path_attn on CUDA).
+The incremental form caches keys already moved through every later transform: k~_j <- H_t k~_j as token t arrives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.path_attention import householder, path_attention
+
+from .base import Mixer, register, residual_linear
+from .layers import ShortConv, l2norm, up
+
+
+class _PaTH(Mixer):
+    pe_kinds = ("none",)
+    forget_gate = False
+
+    def __init__(self, d_model, n_heads, pe=None, *, conv_size: int = 3, qk_norm: bool = False):
+        super().__init__(d_model, n_heads, pe)
+        H = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.w_proj = nn.Linear(d_model, d_model, bias=False)
+        self.w_conv = ShortConv(d_model, conv_size)
+        self.b_proj = nn.Linear(d_model, H, bias=True)
+        self.f_proj = nn.Linear(d_model, H, bias=True) if self.forget_gate else None
+        self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.o_proj = residual_linear(d_model, d_model)
+
+    def init_extra(self):
+        if self.f_proj is not None:  # as FoX: gates start near 1
+            with torch.no_grad():
+                self.f_proj.bias.copy_(torch.linspace(1.0, 5.0, self.n_heads))
+
+    def forward(self, x, cache=None):
+        B, T, _ = x.shape
+        H, D = self.n_heads, self.head_dim
+        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
+        q, k = self.q_norm(q), self.k_norm(k)
+        w = l2norm(up(self.w_conv(self.w_proj(x), cache, "w_conv")).view(B, T, H, D))
+        beta = 2 * torch.sigmoid(up(self.b_proj(x)))
+        f = F.logsigmoid(up(self.f_proj(x))) if self.f_proj is not None else None
+        if cache is None:
+            o = path_attention(q, k, v, w, beta, f)
+        else:
+            o = self._step(q, k, v, w, beta, f, cache)
+        return self.o_proj(o.reshape(B, T, self.d_model).to(x.dtype))
+
+    def _step(self, q, k, v, w, beta, f, cache):
+        """Token by token through the cache (prefill included): move cached keys by H_t, append k_t, attend."""
+        scale = 1.0 / math.sqrt(self.head_dim)
+        outs = []
+        for t in range(q.shape[1]):
+            kt, vt = up(k[:, t:t + 1]), v[:, t:t + 1]
+            ct = (cache["c"][:, -1:] if "c" in cache else 0) + (f[:, t:t + 1] if f is not None else 0)
+            if "k" in cache:
+                moved = householder(cache["k"], w[:, t:t + 1], beta[:, t:t + 1])
+                kt, vt = torch.cat([moved, kt], 1), torch.cat([cache["v"], vt], 1)
+                ct = torch.cat([cache["c"], ct], 1) if f is not None else ct
+            cache.update(k=kt, v=vt, offset=cache.get("offset", 0) + 1)
+            if f is not None:
+                cache["c"] = ct
+            s = torch.einsum("bhd,bjhd->bhj", up(q[:, t]), kt) * scale
+            if f is not None:
+                s = s + (ct[:, -1:] - ct).transpose(1, 2)
+            outs.append(torch.einsum("bhj,bjhd->bhd", torch.softmax(s, -1), up(vt)))
+        return torch.stack(outs, 1)
+
+    def flops_per_token(self, seq_len):
+        # scores and p.v as softmax attention, plus the Householder transforms of q (and k) inside the kernel
+        return 2.0 * self.d_model * (seq_len + 1) + 8.0 * self.d_model * self.head_dim
+
+
+@register("path")
+class PaTH(_PaTH):
+    forget_gate = False
+
+
+@register("path_fox")
+class PaTHFoX(_PaTH):
+    forget_gate = True

@@ -1,0 +1,76 @@
+"""Linear attention with a scalar decay per head: `retnet` (fixed) and `mamba2` (data dependent).
+
+    S_t = a_t S_{t-1} + k_t v_t^T,   o_t = S_t^T q_t / sqrt(D),   y = W_o [RMSNorm(o_t) * silu(x W_g)]
+
+    retnet:  a = gamma_h = 1 - 2^(-5-h), h = 0..H-1   (Sun et al. 2023; fixed per head)
+    mamba2:  a_t = exp(-exp(A_log) softplus(x W_a + dt_bias))   (Dao & Gu 2024's scalar selective decay)
+
+Seen from softmax attention, prod_s a_s = exp(c_t - c_j): RetNet is ALiBi with slope -log gamma_h, Mamba2 is FoX
+(seed 000, sections 2-3). Both run on the gated recurrence with the gate broadcast over channels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.recurrences import gated, gated_recurrent
+
+from .base import Mixer, register
+from .layers import GatedOutput, ScalarDecay
+
+
+def retnet_gammas(n_heads: int) -> torch.Tensor:
+    return 1 - 2.0 ** (-5 - torch.arange(n_heads, dtype=torch.float64))
+
+
+class _ScalarDecay(Mixer):
+    pe_kinds = ("none", "absolute", "rotary")
+
+    def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
+        super().__init__(d_model, n_heads, pe)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = GatedOutput(d_model, n_heads, self.head_dim, output_gate)
+
+    def log_gate(self, x):
+        raise NotImplementedError
+
+    def forward(self, x, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
+        g = self.log_gate(x)[..., None]  # [B or 1, T, H, 1]
+        offset = 0 if cache is None else cache.get("offset", 0)
+        q, k = self.rotate_qk(q, k, x, cache, offset)
+        scale = self.head_dim ** -0.5
+        if cache is None:
+            o, _ = gated(q, k, v, g.expand(B, T, -1, -1), scale)
+        elif T == 1:
+            o, S = gated_recurrent(q, k, v, g, scale, cache.get("S"))
+            cache.update(S=S, offset=offset + T)
+        else:
+            o, S = gated(q, k, v, g.expand(B, T, -1, -1), scale, cache.get("S"), output_state=True)
+            cache.update(S=S, offset=offset + T)
+        return self.out(o.to(x.dtype), x)
+
+    def flops_per_token(self, seq_len):
+        return 6.0 * self.n_heads * self.head_dim ** 2
+
+
+@register("retnet")
+class RetNet(_ScalarDecay):
+    def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
+        super().__init__(d_model, n_heads, pe, output_gate=output_gate)
+        self.register_buffer("log_gamma", torch.log(retnet_gammas(n_heads)).float(), persistent=False)
+
+    def log_gate(self, x):
+        return self.log_gamma.to(x.device).expand(1, x.shape[1], -1)
+
+
+@register("mamba2")
+class Mamba2Decay(_ScalarDecay):
+    def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
+        super().__init__(d_model, n_heads, pe, output_gate=output_gate)
+        self.decay = ScalarDecay(d_model, n_heads)
+
+    def log_gate(self, x):
+        return self.decay(x)
