@@ -41,6 +41,9 @@ def path_scores(q, k, w, beta):
 
 
 def path_attention_reference(q, k, v, w, beta, log_decay=None, scale=None):
+    out_dtype = q.dtype
+    dt = torch.promote_types(q.dtype, torch.float32)
+    q, k, v, w, beta = (t.to(dt) for t in (q, k, v, w, beta))
     B, T, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = path_scores(q, k, w, beta) * scale
@@ -48,7 +51,7 @@ def path_attention_reference(q, k, v, w, beta, log_decay=None, scale=None):
         c = log_decay.transpose(1, 2)
         s = s + c[..., :, None] - c[..., None, :]
     s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v)
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v).to(out_dtype)
 
 
 def path_attention(q, k, v, w, beta, log_gate=None, scale=None):

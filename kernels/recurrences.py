@@ -11,8 +11,9 @@ All use FLA's layout: q, k [B, T, H, K], v [B, T, H, V], state S [B, H, K, V], o
 Unrolled, each is sum_j (k_j^T [prod_{s=j+1..t} A_s] q_t) v_j: the product of forget gates is the relative position
 encoding that the dual softmax scheme puts into its scores (seed 000).
 
-`*_recurrent` are the token-by-token definitions (the oracles, and the decoding step). `gated_chunked` is the
-chunked parallel form of the gated recurrence (exact; pairwise gate differences inside chunks of 16, so it is stable).
+`*_recurrent` are the token-by-token definitions (the oracles, and the decoding step). `gated_chunked` and
+`delta_rule_chunked` are exact chunked parallel forms (the CPU training path; gate differences are taken pairwise
+inside chunks of 16, so they are stable).
 `gated`, `delta_rule` and `oja` dispatch: FLA's Triton kernels on CUDA, the references elsewhere.
 """
 
@@ -95,6 +96,34 @@ def delta_rule_recurrent(q, k, v, beta, scale, g=None, S0=None):
     return torch.stack(out, 1), S
 
 
+def delta_rule_chunked(q, k, v, beta, scale, g=None, S0=None, chunk: int = 16):
+    """Exact chunked form (the WY / UT-transform algorithm of DeltaNet, with Gated DeltaNet's decay). Per chunk, with
+    G the within-chunk cumulative log decay and Gam_ij = exp(G_i - G_j):
+        Tm = (I + strict_tril(diag(beta) (K K^T * Gam)))^{-1}
+        W = Tm diag(beta) (K * e^G),   U = Tm diag(beta) V,   U' = U - W S      (the "pseudo values")
+        O = (Q * e^G) S + tril(Q K^T * Gam) U',   S <- e^{G_C} S + (K * e^{G_C - G})^T U'"""
+    q, k, v, beta, g = _f32(q, k, v, beta, g)
+    B, T, H, K = q.shape
+    S = q.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(q.dtype)
+    out = []
+    for s in range(0, T, chunk):
+        qc, kc, vc = (t[:, s:s + chunk].transpose(1, 2) for t in (q, k, v))  # [B, H, C, .]
+        bc = beta[:, s:s + chunk].transpose(1, 2)[..., None]
+        C = qc.shape[2]
+        G = torch.zeros(B, H, C, 1, dtype=q.dtype, device=q.device) if g is None else \
+            torch.cumsum(g[:, s:s + chunk].transpose(1, 2), -1)[..., None]
+        gam = torch.exp((G - G.transpose(-1, -2)).masked_fill(~torch.ones(C, C, dtype=torch.bool, device=q.device).tril(), -float("inf")))
+        eye = torch.eye(C, dtype=q.dtype, device=q.device)
+        A = (bc * (kc @ kc.transpose(-1, -2)) * gam).tril(-1)
+        Tm = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
+        W, U = Tm @ (bc * kc * torch.exp(G)), Tm @ (bc * vc)
+        Up = U - W @ S
+        out.append(((qc * torch.exp(G)) @ S + ((qc @ kc.transpose(-1, -2)) * gam) @ Up).transpose(1, 2) * scale)
+        GC = G[:, :, -1:]
+        S = torch.exp(GC) * S + (kc * torch.exp(GC - G)).transpose(-1, -2) @ Up
+    return torch.cat(out, 1), S
+
+
 def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False):
     if _fla_ok(q):
         if g is None:
@@ -103,7 +132,7 @@ def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         return chunk_gated_delta_rule(q, k, v, g=g.float(), beta=beta, scale=scale, initial_state=S0,
                                       output_final_state=output_state)
-    return delta_rule_recurrent(q, k, v, beta, scale, g, S0)
+    return delta_rule_chunked(q, k, v, beta, scale, g, S0)
 
 
 # ------------------------------------------------------------------------------------------------ gated Oja rule

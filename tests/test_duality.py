@@ -161,7 +161,8 @@ def test_xl_bias_matches_the_four_term_formula():
 
 # ------------------------------------------------------------------------------ the recurrences and their duals
 from kernels.path_attention import path_attention_reference, path_scores  # noqa: E402
-from kernels.recurrences import delta_rule_recurrent, gated_chunked, gated_recurrent, oja_recurrent  # noqa: E402
+from kernels.recurrences import (delta_rule_chunked, delta_rule_recurrent, gated_chunked, gated_recurrent,  # noqa: E402
+                                 oja_recurrent)
 from model import build_model  # noqa: E402
 from model.mixers.scalar_decay import retnet_gammas  # noqa: E402
 
@@ -174,6 +175,20 @@ def test_gated_chunked_equals_recurrent(T, scalar):
     S0 = torch.randn(2, 3, 8, 8)
     o1, S1 = gated_chunked(q, k, v, g, 0.3, S0)
     o2, S2 = gated_recurrent(q, k, v, g, 0.3, S0)
+    torch.testing.assert_close(o1, o2)
+    torch.testing.assert_close(S1, S2)
+
+
+@pytest.mark.parametrize("T", [1, 16, 37])
+@pytest.mark.parametrize("gated", [False, True])
+def test_delta_rule_chunked_equals_recurrent(T, gated):
+    q, k, v = qkv(T=T)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = 2 * torch.rand(2, T, 3)
+    g = torch.nn.functional.logsigmoid(torch.randn(2, T, 3)) if gated else None
+    S0 = torch.randn(2, 3, 8, 8)
+    o1, S1 = delta_rule_chunked(q, k, v, beta, 0.3, g, S0)
+    o2, S2 = delta_rule_recurrent(q, k, v, beta, 0.3, g, S0)
     torch.testing.assert_close(o1, o2)
     torch.testing.assert_close(S1, S2)
 

@@ -22,17 +22,23 @@ def options(group):
 
 
 def test_compose_every_combination():
-    for b, p, m, o, lg in itertools.product(options("backbone"), options("pe"), options("model"), options("optim"),
-                                           options("logger")):
-        cfg = compose([f"backbone={b}", f"pe={p}", f"model={m}", f"optim={o}", f"logger={lg}"])
-        assert cfg.backbone.name == b and cfg.pe.name == p and cfg.model.name == m
-        if p in valid_schemes(b):
-            train_lib.check_config(cfg)
-        else:
-            with pytest.raises(ConfigError, match="valid pe for backbone"):
+    """Every backbone x pe (valid ones pass every check, the others are refused with the valid choices), and
+    every model x train x optim x logger x data choice."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        for b, p in itertools.product(options("backbone"), options("pe")):
+            cfg = hydra_compose("config", overrides=[f"backbone={b}", f"pe={p}"])
+            assert cfg.backbone.name == b and cfg.pe.name == p
+            if p in valid_schemes(b):
                 train_lib.check_config(cfg)
-    for d in options("data"):
-        assert compose([f"data={d}"]).data.name == d
+            else:
+                with pytest.raises(ConfigError, match="valid pe for backbone"):
+                    train_lib.check_config(cfg)
+        for m, o, lg, d in itertools.product(options("model"), options("optim"), options("logger"), options("data")):
+            cfg = hydra_compose("config", overrides=[f"model={m}", f"optim={o}", f"logger={lg}", f"data={d}"])
+            assert cfg.model.name == m and cfg.data.name == d and cfg.train.global_batch_tokens > 0
+            train_lib.check_config(cfg)
 
 
 @pytest.mark.parametrize("size,vocab,expect", [("124m", 50304, 124e6), ("370m", 32000, 370e6)])
@@ -63,10 +69,11 @@ def test_bad_config_fails_before_work(tmp_path, override, match):
     assert not (tmp_path / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("backbone", ["transformer", "linear_attn"])
+@pytest.mark.parametrize("backbone", options("backbone"))
 def test_tiny_model_overfits_a_batch(backbone):
     torch.manual_seed(0)
-    cfg = compose([f"backbone={backbone}", "model.n_layer=2", "model.d_model=64", "model.seq_len=32"])
+    pe = "nope" if backbone.startswith("path") else "rope"
+    cfg = compose([f"backbone={backbone}", f"pe={pe}", "model.n_layer=2", "model.d_model=64", "model.seq_len=32"])
     m = build_model(cfg.backbone, cfg.pe, cfg.model, 128)
     opt = train_lib.make_optimizer(m, cfg.optim, fused=False)
     x = torch.randint(0, 128, (4, 33))

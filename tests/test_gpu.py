@@ -1,0 +1,42 @@
+"""GPU group (`pytest -m gpu` on a CUDA machine; CI deselects it): every FLA kernel path against its reference,
+and a model of each backbone training through the kernels."""
+
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+@pytest.mark.parametrize("T", [256, 200])
+@pytest.mark.parametrize("name", ["gla", "simple_gla", "delta_rule", "gated_delta_rule", "oja", "fox", "path",
+                                  "path_fox"])
+def test_kernel_matches_reference(name, T):
+    from kernel_check import check
+    err = check(name, B=2, T=T, H=4, D=64)
+    assert all(e < 2e-2 for e in err.values()), err
+
+
+@pytest.mark.parametrize("backbone", ["transformer", "linear_attn", "gla", "deltanet", "gated_deltanet", "retnet",
+                                      "mamba2", "fox", "path", "path_fox", "gated_oja"])
+def test_backbone_trains_on_gpu(backbone):
+    from model import build_model
+    torch.manual_seed(0)
+    pe = "nope" if backbone.startswith("path") else "rope"
+    m = build_model({"name": backbone}, {"name": pe}, {"name": "t", "n_layer": 2, "d_model": 256, "n_heads": 4,
+                                                       "seq_len": 256}, 512).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    x = torch.randint(0, 512, (4, 257), device="cuda")
+    losses = []
+    for _ in range(30):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(x[:, :-1], x[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
