@@ -81,16 +81,24 @@ def _run(name, x, reference: bool):
 KERNELS = ("gla", "simple_gla", "delta_rule", "gated_delta_rule", "oja", "fox", "path", "path_fox")
 
 
-def check(name, B=2, T=2048, H=8, D=64, device="cuda") -> dict:
+def check(name, B=2, T=2048, H=8, D=64, device="cuda", verbose=False) -> dict:
     """Relative errors of output and input gradients, kernel vs fp32 reference."""
+    import time
     x = _inputs(name, B, T, H, D, device)
     xk = {n: t.clone().requires_grad_() for n, t in x.items()}
     xr = {n: t.detach().float().clone().requires_grad_() for n, t in x.items()}
     do = torch.randn(B, T, H, D, device=device)
+    t0 = time.time()
     ok = _run(name, xk, False)
     ok.float().mul(do).sum().backward()
+    torch.cuda.synchronize() if device == "cuda" else None
+    t1 = time.time()
     orf = _run(name, xr, True)
     orf.mul(do).sum().backward()
+    torch.cuda.synchronize() if device == "cuda" else None
+    if verbose:
+        print(f"  [{name} T={T}: kernel fwd+bwd (incl. compile) {t1 - t0:.1f}s, reference {time.time() - t1:.1f}s]",
+              flush=True)
 
     def rel(a, b):
         return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
@@ -113,7 +121,7 @@ def main():
     for T in a.T:
         for name in a.kernels:
             try:
-                err = check(name, T=T)
+                err = check(name, T=T, verbose=True)
                 rows.append({"kernel": name, "T": T, **err})
                 print(f"{name:18s} T={T:5d} " + " ".join(f"{k}={v:.1e}" for k, v in err.items()), flush=True)
             except Exception as e:  # report and go on: one refusal (e.g. fla issue #640) must not hide the rest

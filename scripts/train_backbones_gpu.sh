@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Each backbone at 124m size on the embedded corpus: 200 steps of 64 x 1024 tokens, bf16, through the FLA kernels.
+# Each backbone at 124m size on the embedded corpus: 200 steps of 16 x 1024 tokens, bf16, through the FLA kernels.
 # Prints the loss at steps 10 and 200 and the steady tokens/s. Usage: bash scripts/train_backbones_gpu.sh OUT [backbone ...]
 set -uo pipefail
 out=${1:?usage: train_backbones_gpu.sh OUT [backbone ...]}; shift
-mkdir -p "$out"
+mkdir -p "$out" /tmp/runs
 backbones=${*:-transformer linear_attn gla deltanet gated_deltanet retnet mamba2 fox path path_fox gated_oja}
 for b in $backbones; do
   pe=rope; case $b in path|path_fox) pe=nope;; esac
-  python3 train.py backbone=$b pe=$pe model=124m train.steps=200 train.global_batch_tokens=65536 train.micro_batch=16 \
+  python3 train.py backbone=$b pe=$pe model=124m train.steps=200 train.global_batch_tokens=16384 train.micro_batch=16 \
     train.log_interval=10 train.eval_interval=200 train.ckpt_interval=100000 train.compile=false train.sample_tokens=0 \
-    train.progress=false logger.mode=disabled out_dir=/tmp/runs/$b > "$out/$b.log" 2>&1
+    train.progress=false logger.mode=disabled out_dir=/tmp/runs/$b > "/tmp/runs/$b.log" 2>&1
   rc=$?
-  first=$(grep -m1 -E "^step +10 \|" "$out/$b.log" | awk '{print $5}')
-  last=$(grep -E "^step +200 \| loss" "$out/$b.log" | awk '{print $5}')
-  tps=$(grep -E "^step +200 \| loss" "$out/$b.log" | sed -E 's/.*\| ([0-9,]+) tok\/s.*/\1/')
-  echo "$b pe=$pe rc=$rc loss@10=$first loss@200=$last tok/s@200=$tps"
-  [ $rc -ne 0 ] && tail -5 "$out/$b.log"
+  first=$(grep -m1 -E "^step +10 \|" "/tmp/runs/$b.log" | awk '{print $5}')
+  last=$(grep -E "^step +200 \| loss" "/tmp/runs/$b.log" | awk '{print $5}')
+  tps=$(grep -E "^step +200 \| loss" "/tmp/runs/$b.log" | sed -E 's/.*\| ([0-9,]+) tok\/s.*/\1/')
+  echo "$b pe=$pe rc=$rc loss@10=$first loss@200=$last tok/s@200=$tps" | tee -a "$out/summary.txt"
+  [ $rc -ne 0 ] && tail -5 "/tmp/runs/$b.log"
 done
