@@ -7,7 +7,7 @@
 
 The accumulated Householder product is DeltaNet's state transition used as a position encoding (seed 000,
 section 5); adding the forget gate gives the dual of Gated DeltaNet (section 6). PaTH is itself the positional
-scheme, so it takes pe=nope only. Kernels: kernels/path_attention.py (FLA's parallel_path_attn on CUDA).
+scheme; a rotary scheme may still rotate q and k first (RoPE inside PaTH). Kernels: kernels/path_attention.py (FLA's parallel_path_attn on CUDA).
 The incremental form caches keys already moved through every later transform: k~_j <- H_t k~_j as token t arrives.
 """
 
@@ -26,7 +26,7 @@ from .layers import ShortConv, l2norm, up
 
 
 class _PaTH(Mixer):
-    pe_kinds = ("none",)
+    pe_kinds = ("none", "rotary")
     forget_gate = False
 
     def __init__(self, d_model, n_heads, pe=None, *, conv_size: int = 3, qk_norm: bool = False):
@@ -54,6 +54,7 @@ class _PaTH(Mixer):
         w = l2norm(up(self.w_conv(self.w_proj(x), cache, "w_conv")).view(B, T, H, D))
         beta = 2 * torch.sigmoid(up(self.b_proj(x)))
         f = F.logsigmoid(up(self.f_proj(x))) if self.f_proj is not None else None
+        q, k = self.rotate_qk(q, k, x, cache, 0 if cache is None else cache.get("offset", 0))
         if cache is None:
             o = path_attention(q, k, v, w, beta, f)
         else:
