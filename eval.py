@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -95,18 +94,8 @@ def run(cfg) -> dict:
 
 
 def main():
-    import hydra
-
-    @hydra.main(config_path="conf", config_name="eval", version_base="1.3")
-    def _main(cfg):
-        from data import ShardError
-        try:
-            return run(cfg)
-        except (ConfigError, ShardError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-
-    _main()
+    from train import cli
+    cli(run, "eval")
 
 
 if __name__ == "__main__":

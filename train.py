@@ -410,19 +410,24 @@ def run(cfg) -> dict:
     return result
 
 
-def main():
+def cli(run_fn, config_name: str):
+    """Hydra entry point shared with eval.py: bad input ends in one `error: ...` line and exit code 2."""
     import hydra
 
-    @hydra.main(config_path="conf", config_name="config", version_base="1.3")
+    @hydra.main(config_path="conf", config_name=config_name, version_base="1.3")
     def _main(cfg):
         from data import ShardError
         try:
-            return run(cfg)
+            return run_fn(cfg)
         except (ConfigError, ShardError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 
     _main()
+
+
+def main():
+    cli(run, "config")
 
 
 if __name__ == "__main__":

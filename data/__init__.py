@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import embedded, text
-from .shards import ShardError, TokenWindows, TrainBatches, read_header, write_shard
+from .shards import ShardError, TokenWindows, TrainBatches, write_shard
 from .tokenizer import Tokenizer, make_tokenizer
 
 __all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer"]

@@ -53,6 +53,20 @@ class Mixer(nn.Module):
         """Forward FLOPs per token spent outside parameter matmuls (the trunk counts those as 2 * params)."""
         raise NotImplementedError
 
+    def recurrence(self, parallel, step, args, cache, offset):
+        """The three forms of a linear recurrence `parallel(*args, S0=, output_state=)` / `step(*args, S0=)`:
+        training (parallel, no state), decoding (one recurrent step from the cached state S), prefill (parallel
+        form continuing from and returning S)."""
+        if cache is None:
+            return parallel(*args)[0]
+        T = args[0].shape[1]
+        if T == 1:
+            o, S = step(*args, S0=cache.get("S"))
+        else:
+            o, S = parallel(*args, S0=cache.get("S"), output_state=True)
+        cache.update(S=S, offset=offset + T)
+        return o
+
     def rotate_qk(self, q, k, x, cache, offset):
         """Apply a rotary scheme, if any, to q and k [B, T, H, D] at absolute positions offset.. ."""
         if self.pe is not None and self.pe.kind == "rotary":

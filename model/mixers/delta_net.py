@@ -52,15 +52,7 @@ class _DeltaNet(Mixer):
         g = self.decay(x) if self.gated else None
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
-        scale = self.dk ** -0.5
-        if cache is None:
-            o, _ = delta_rule(q, k, v, beta, scale, g)
-        elif T == 1:
-            o, S = delta_rule_recurrent(q, k, v, beta, scale, g, cache.get("S"))
-            cache.update(S=S, offset=offset + T)
-        else:
-            o, S = delta_rule(q, k, v, beta, scale, g, cache.get("S"), output_state=True)
-            cache.update(S=S, offset=offset + T)
+        o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), cache, offset)
         return self.out(o.to(x.dtype), x)
 
     def flops_per_token(self, seq_len):

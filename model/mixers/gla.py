@@ -48,15 +48,7 @@ class GLA(Mixer):
         g = F.logsigmoid(up(self.g_proj(x))).view(B, T, H, self.dk) / self.gate_normalizer
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
-        scale = self.dk ** -0.5
-        if cache is None:
-            o, _ = gated(q, k, v, g, scale)
-        elif T == 1:  # decoding: one step of the recurrence
-            o, S = gated_recurrent(q, k, v, g, scale, cache.get("S"))
-            cache.update(S=S, offset=offset + T)
-        else:  # prefill: the parallel form, continuing from and returning the state
-            o, S = gated(q, k, v, g, scale, cache.get("S"), output_state=True)
-            cache.update(S=S, offset=offset + T)
+        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset)
         return self.out(o.to(x.dtype), x)
 
     def flops_per_token(self, seq_len):

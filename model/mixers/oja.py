@@ -46,15 +46,7 @@ class GatedOja(Mixer):
         beta = torch.sigmoid(up(self.b_proj(x)))
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
-        scale = D ** -0.5
-        if cache is None:
-            o, _ = oja(q, k, v, gv, beta, scale)
-        elif T == 1:
-            o, S = oja_recurrent(q, k, v, gv, beta, scale, cache.get("S"))
-            cache.update(S=S, offset=offset + T)
-        else:
-            o, S = oja(q, k, v, gv, beta, scale, cache.get("S"), output_state=True)
-            cache.update(S=S, offset=offset + T)
+        o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), cache, offset)
         return self.out(o.to(x.dtype), x)
 
     def flops_per_token(self, seq_len):

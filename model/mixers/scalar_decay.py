@@ -38,18 +38,10 @@ class _ScalarDecay(Mixer):
     def forward(self, x, cache=None):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
-        g = self.log_gate(x)[..., None]  # [B or 1, T, H, 1]
+        g = self.log_gate(x)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
-        scale = self.head_dim ** -0.5
-        if cache is None:
-            o, _ = gated(q, k, v, g.expand(B, T, -1, -1), scale)
-        elif T == 1:
-            o, S = gated_recurrent(q, k, v, g, scale, cache.get("S"))
-            cache.update(S=S, offset=offset + T)
-        else:
-            o, S = gated(q, k, v, g.expand(B, T, -1, -1), scale, cache.get("S"), output_state=True)
-            cache.update(S=S, offset=offset + T)
+        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), cache, offset)
         return self.out(o.to(x.dtype), x)
 
     def flops_per_token(self, seq_len):
