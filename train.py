@@ -150,13 +150,28 @@ def load_checkpoint(path: Path) -> dict:
     return ckpt
 
 
+def default_out_dir(cfg) -> Path:
+    """outputs/<run_name>, or in a Hydra multirun the job's own sweep folder (so sweep jobs never share one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            return Path(HydraConfig.get().runtime.output_dir)
+    except ImportError:
+        pass
+    return Path("outputs") / cfg.run_name
+
+
 def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
     from omegaconf import OmegaConf
-    for group in ("backbone", "pe", "model"):
+    for group in ("backbone", "pe", "model", "optim", "data"):
         now = OmegaConf.to_container(cfg[group], resolve=True)
-        if ckpt_cfg[group] != now:
-            raise ConfigError(f"cannot resume: the checkpoint's {group} config {ckpt_cfg[group]} differs from this "
-                              f"run's {now}; use another out_dir or resume=never")
+        then = dict(ckpt_cfg[group])
+        if group == "data":  # where the cache lives does not change the data
+            now.pop("cache_dir", None), then.pop("cache_dir", None)
+        if then != now:
+            raise ConfigError(f"cannot resume from {group} config {then}: this run's is {now}; use another out_dir "
+                              "(or resume=never in an empty one)")
     for key in ("global_batch_tokens",):
         if ckpt_cfg["train"][key] != cfg.train[key]:
             raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'][key]}, now {cfg.train[key]} "
@@ -253,7 +268,7 @@ def run(cfg) -> dict:
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     master = rank == 0
-    out_dir = Path(cfg.out_dir)
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg)
 
     # resume decision first: a bad checkpoint must fail before data preparation
     ckpt = None
@@ -312,6 +327,7 @@ def run(cfg) -> dict:
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        print(f"out_dir: {out_dir}")
     logger = Logger(cfg, out_dir, master, run_id)
     flops_tok = model.flops_per_token(seq)
     peak = peak_flops(device)

@@ -110,7 +110,7 @@ def test_resume_reproduces_every_loss_exactly(tmp_path, data_cache):
 
 def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):
     train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=2")))
-    with pytest.raises(ConfigError, match="checkpoint's pe config"):
+    with pytest.raises(ConfigError, match="cannot resume from pe config"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "pe=alibi")))
     with pytest.raises(ConfigError, match="resume=never"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "resume=never")))
@@ -168,12 +168,18 @@ def test_multirun_sweep_and_wandb_offline(tmp_path, data_cache):
     args = tiny_overrides(tmp_path / "run", data_cache, "train.steps=2")
     args = [a for a in args if not a.startswith(("out_dir", "logger.mode"))]
     r = _python("train.py", "-m", "pe=nope,alibi", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep",
-                f"out_dir={tmp_path}/sweep/${{pe.name}}-${{optim.lr}}", "logger.mode=offline", *args,
-                drop=("WANDB_API_KEY", "WANDB_MODE"))
+                "logger.mode=offline", *args, drop=("WANDB_API_KEY", "WANDB_MODE"))
     assert r.returncode == 0, r.stderr[-3000:]
-    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "metrics.jsonl").exists())
-    assert runs == ["alibi-0.001", "alibi-0.002", "nope-0.001", "nope-0.002"]
-    assert list((tmp_path / "sweep" / "nope-0.001" / "wandb").glob("offline-run-*"))
+    # each job trains in its own folder (no job resumes another's checkpoint), with its own settings and wandb run
+    jobs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert [j.name for j in jobs] == ["0", "1", "2", "3"]
+    seen = set()
+    for j in jobs:
+        cfg = (j / "config.yaml").read_text()
+        seen.add((cfg.split("pe:\n  name: ")[1].split("\n")[0], [ln for ln in cfg.splitlines() if ln.startswith("  lr:")][0]))
+        assert len((j / "metrics.jsonl").read_text().splitlines()) == 3  # steps 1, 2 and the validation row
+        assert list((j / "wandb").glob("offline-run-*"))
+    assert len(seen) == 4
 
 
 @pytest.mark.slow
