@@ -32,11 +32,17 @@ def _f32(*xs):
     return [None if x is None else x.to(dt) for x in xs]
 
 
+def _state(q, v, S0):
+    """The initial state [B, H, K, V]: S0, or zeros."""
+    B, _, H, K = q.shape
+    return q.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(q.dtype)
+
+
 # --------------------------------------------------------------------------------------------- gated (GLA family)
 def gated_recurrent(q, k, v, g, scale, S0=None):
     q, k, v, g = _f32(q, k, v, g)
     B, T, H, K = q.shape
-    S = q.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(q.dtype)
+    S = _state(q, v, S0)
     g = g.expand(B, T, H, K)
     out = []
     for t in range(T):
@@ -50,9 +56,8 @@ def gated_chunked(q, k, v, g, scale, S0=None, chunk: int = 16):
     carried as in the recurrence."""
     q, k, v, g = _f32(q, k, v, g)
     B, T, H, K = q.shape
-    V = v.shape[-1]
     g = g.expand(B, T, H, K)
-    S = q.new_zeros(B, H, K, V) if S0 is None else S0.to(q.dtype)
+    S = _state(q, v, S0)
     out = []
     for s in range(0, T, chunk):
         qc, kc, vc, G = q[:, s:s + chunk], k[:, s:s + chunk], v[:, s:s + chunk], torch.cumsum(g[:, s:s + chunk], 1)
@@ -84,7 +89,7 @@ def delta_rule_recurrent(q, k, v, beta, scale, g=None, S0=None):
     """g: [B, T, H] log decay (None for DeltaNet); beta: [B, T, H]."""
     q, k, v, beta, g = _f32(q, k, v, beta, g)
     B, T, H, K = q.shape
-    S = q.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(q.dtype)
+    S = _state(q, v, S0)
     out = []
     for t in range(T):
         if g is not None:
@@ -104,7 +109,7 @@ def delta_rule_chunked(q, k, v, beta, scale, g=None, S0=None, chunk: int = 16):
         O = (Q * e^G) S + tril(Q K^T * Gam) U',   S <- e^{G_C} S + (K * e^{G_C - G})^T U'"""
     q, k, v, beta, g = _f32(q, k, v, beta, g)
     B, T, H, K = q.shape
-    S = q.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(q.dtype)
+    S = _state(q, v, S0)
     out = []
     for s in range(0, T, chunk):
         qc, kc, vc = (t[:, s:s + chunk].transpose(1, 2) for t in (q, k, v))  # [B, H, C, .]
@@ -141,7 +146,7 @@ def oja_recurrent(q, k, v, gv, beta, scale, S0=None):
     S <- S diag(exp(gv_t));  S <- S + (beta_t (k_t - S v_t)) v_t^T;  o_t = scale S^T q_t."""
     q, k, v, gv, beta = _f32(q, k, v, gv, beta)
     B, T, H, K = q.shape
-    S = q.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(q.dtype)
+    S = _state(q, v, S0)
     out = []
     for t in range(T):
         S = S * torch.exp(gv[:, t])[:, :, None, :]
