@@ -1,44 +1,347 @@
 """Cumulative rotation: the one primitive behind every rotary scheme.
 
-A rotary scheme rotates each (x_i, x_{i+D/2}) channel pair of q and k (GPT-NeoX half-split layout) by an
-angle that is a running sum of per-token increments:
+A rotary scheme rotates each (x_i, x_{i+D/2}) channel pair of q and k (GPT-NeoX half-split layout) by an angle
+that is a per-channel temperature times a running sum of per-token increments:
 
-    phi_t = phi_{offset} + sum_{s <= t} dphi_s                        (fp32, per pair of channels)
-    rot(x, phi)_t = [x1 cos(phi_t) - x2 sin(phi_t),  x1 sin(phi_t) + x2 cos(phi_t)],  x = [x1, x2]
+    Phi_t = Phi_0 + sum_{s <= t} dphi_s            (raw angle, fp32, restarts at every document of a packed batch)
+    phi_t = theta * Phi_t
+    rot(x, phi)_t = [x1 cos(phi_t) - x2 sin(phi_t),  x1 sin(phi_t) + x2 cos(phi_t)],   x = [x1, x2]
 
-- RoPE: dphi_s = theta (a constant), so phi_t = t * theta.
-- Selective RoPE: dphi_s is data dependent (issue #4).
-- learned / conformal rotation: dphi_s = beta_s * theta (seed 003 section 3.2).
+- RoPE:                     dphi_s = 1 (no tensor at all), theta_i = base^(-2i/D), Phi_0 = offset - 1: phi_t = t theta.
+- Selective RoPE (seed 004): dphi_s = conv(W q_s) (times a phase gate), theta = a temperature schedule.
+- learned / conformal rotation (seed 003 section 3.2): dphi_s = beta_s (one per head, broadcast over channels).
 
 Because R(a)^T R(b) = R(b - a), <rot(q, phi_i), rot(k, phi_j)> = q^T R(phi_j - phi_i) k depends only on the
 angle accumulated between j and i: the rotation is the dual of the complex forget gate exp(i Omega) of a linear
 recurrence (seed 000, section 4). `tests/test_duality.py` checks that equality.
 
-This file holds the PyTorch reference; a fused Triton kernel with the same signature plugs in beside it.
+Three implementations of the same function live here:
+- `cumulative_rotation_reference`: PyTorch, from the equations (CPU path and test oracle, any dtype incl. float64).
+- a fused Triton kernel (CUDA path; the interpreter runs it on CPU when TRITON_INTERPRET=1). torch.compile cannot
+  fuse a cumulative sum with what follows it, so the prelude costs several passes over q and k; the kernel reads
+  q, k and the increments once and writes q and k once, in one launch. Each program takes a chunk of BT tokens of
+  one head, publishes its chunk total, and finds the total of all earlier chunks of its document by decoupled
+  look-back (Merrill & Garland 2016) over the totals the others publish; programs take chunks in the order of an
+  atomic ticket, so a program only ever waits on chunks already running. The backward pass does the same from
+  the last chunk to the first: the increment gradient is a reverse cumulative sum of dL/dphi.
+- `cumulative_rotation`: the autograd-aware entry point; Triton on CUDA, the reference elsewhere.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without Triton use the reference
+    triton = None
+
+
+def rope_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
+    """theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1 (Su et al.)."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
 def cumulative_angles(dphi: torch.Tensor, phi0: torch.Tensor | None = None, dim: int = 1) -> torch.Tensor:
-    """phi_t = phi0 + cumsum(dphi)_t along `dim`, accumulated in fp32 (angles grow with t)."""
-    phi = torch.cumsum(dphi.float(), dim=dim)
+    """Phi_t = Phi_0 + cumsum(dphi)_t along `dim`, in fp32 at least (angles grow with t)."""
+    phi = torch.cumsum(dphi.to(torch.promote_types(dphi.dtype, torch.float32)), dim=dim)
     if phi0 is not None:
-        phi = phi + phi0.float().unsqueeze(dim)
+        phi = phi + (phi0.to(phi.dtype).unsqueeze(dim) if torch.is_tensor(phi0) else phi0)
     return phi
 
 
 def rotate(x: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
     """Rotate channel pairs (x[..., :D/2], x[..., D/2:]) of x by angles phi (shape broadcastable to x[..., :D/2])."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    dt = torch.promote_types(x.dtype, torch.float32)
+    x1, x2 = x[..., :half].to(dt), x[..., half:].to(dt)
     cos, sin = torch.cos(phi), torch.sin(phi)
-    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return out.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
-def rope_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
-    """theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1 (Su et al.)."""
-    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+def _check(q, k, dphi, theta, phi0, cu_seqlens):
+    if q.shape != k.shape or q.dim() != 4 or q.shape[-1] % 2:
+        raise ValueError(f"cumulative_rotation: q and k must both be [B, T, H, D] with D even, got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, H, D = q.shape
+    if dphi is not None and (dphi.shape[:3] != (B, T, H) or dphi.shape[3] not in (1, D // 2)):
+        raise ValueError(f"cumulative_rotation: increments must be [B, T, H, D/2] or [B, T, H, 1] = "
+                         f"[{B}, {T}, {H}, {D // 2} or 1], got {tuple(dphi.shape)}")
+    if theta.shape not in ((D // 2,), (H, D // 2)):
+        raise ValueError(f"cumulative_rotation: temperatures must be [D/2] or [H, D/2], got {tuple(theta.shape)}")
+    if cu_seqlens is not None and (B != 1 or phi0 is not None):
+        raise ValueError("cumulative_rotation: packed input (cu_seqlens) needs B = 1 and no initial angle")
+
+
+def cumulative_rotation_reference(q, k, dphi, theta, phi0=None, cu_seqlens=None):
+    """Returns (rot(q, phi), rot(k, phi), Phi_T [B, H, D/2]); see the module docstring. dphi None means dphi = 1;
+    phi0 is a number or [B, H, D/2]; cu_seqlens [N + 1] (int) restarts the sum at each document (B = 1)."""
+    _check(q, k, dphi, theta, phi0, cu_seqlens)
+    B, T, H, D = q.shape
+    dt = torch.promote_types(q.dtype, torch.float32)
+    inc = (torch.ones(B, T, 1, 1, dtype=dt, device=q.device) if dphi is None else dphi).to(dt)
+    if cu_seqlens is None:
+        raw = cumulative_angles(inc, phi0)
+    else:
+        bounds = cu_seqlens.tolist()
+        raw = torch.cat([torch.cumsum(inc[:, s:e], 1) for s, e in zip(bounds[:-1], bounds[1:])], 1)
+    phi = raw * theta.to(dt)
+    final = None if cu_seqlens is not None else raw[:, -1].expand(B, H, D // 2)
+    return rotate(q, phi), rotate(k, phi), final
+
+
+# ----------------------------------------------------------------------------------------------------- Triton
+
+if triton is not None:
+    @triton.jit
+    def _chunk(c, chunk_tab, cu_seqlens, T, NT, BT: tl.constexpr, VARLEN: tl.constexpr):
+        """Chunk c (flat index over all sequences): its first token t0, its document's end eos, its index i within
+        the document and whether it is the document's last chunk."""
+        if VARLEN:
+            n = tl.load(chunk_tab + 2 * c)
+            i = tl.load(chunk_tab + 2 * c + 1)
+            bos = tl.load(cu_seqlens + n)
+            eos = tl.load(cu_seqlens + n + 1)
+        else:
+            bos = (c // NT) * T
+            i = c % NT
+            eos = bos + T
+        t0 = bos + i * BT
+        return t0, eos, i, t0 + BT >= eos
+
+    @triton.jit
+    def _look_back(flags, agg, inc, j, stop, step, cols, BD: tl.constexpr):
+        """Decoupled look-back (Merrill & Garland): add up the published totals of chunks j, j+step, ... until one
+        has published its inclusive sum (flag 2; flag 1 = only its own total so far, 0 = not yet)."""
+        acc = tl.zeros([BD], dtype=tl.float32)
+        while j != stop:
+            f = tl.atomic_add(flags + j, 0, sem="acquire")
+            if f == 2:
+                acc += tl.load(inc + j * BD + cols, cache_modifier=".cg")
+                j = stop
+            elif f == 1:
+                acc += tl.load(agg + j * BD + cols, cache_modifier=".cg")
+                j += step
+        return acc
+
+    @triton.jit
+    def _publish(flags, buf, j, value, flag, cols):
+        tl.store(buf + j * value.shape[0] + cols, value)
+        tl.debug_barrier()  # every lane's store lands before the flag says it is there
+        tl.atomic_xchg(flags + j, flag, sem="release")
+
+    @triton.jit
+    def _rotation_fwd_kernel(q, k, dphi, theta, phi0, qo, ko, P, agg, inc, flags, chunk_tab, cu_seqlens, T, NT, NC,
+                             s_qt, s_qh, s_kt, s_kh, s_pt, s_ph, s_pd, s_th,
+                             H: tl.constexpr, D2: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                             VARLEN: tl.constexpr, CONST: tl.constexpr, HAS_PHI0: tl.constexpr):
+        # chunks are taken in launch order (an atomic ticket), so every chunk a program waits on is already running
+        ticket = tl.atomic_add(flags + H * NC, 1)
+        h, c = ticket // NC, ticket % NC
+        t0, eos, i, _ = _chunk(c, chunk_tab, cu_seqlens, T, NT, BT, VARLEN)
+        rows, cols = t0 + tl.arange(0, BT), tl.arange(0, BD)
+        mc = cols < D2
+        m = (rows < eos)[:, None] & mc[None, :]
+        if CONST:
+            inc_t = tl.where(m, 1.0, 0.0)
+        else:
+            inc_t = tl.load(dphi + rows[:, None] * s_pt + h * s_ph + cols[None, :] * s_pd, mask=m, other=0).to(tl.float32)
+        total = tl.sum(inc_t, 0)
+        j = h * NC + c  # this chunk's slot in the flag / partial-sum arrays
+        if i == 0:
+            prefix = tl.zeros([BD], dtype=tl.float32)
+            if HAS_PHI0:
+                prefix += tl.load(phi0 + ((c // NT) * H + h) * D2 + cols, mask=mc, other=0)
+        else:
+            _publish(flags, agg, j, total, 1, cols)
+            prefix = _look_back(flags, agg, inc, j - 1, j - 1 - i, -1, cols, BD)
+        _publish(flags, inc, j, prefix + total, 2, cols)
+        tl.store(P + j * BD + cols, prefix)
+        raw = tl.cumsum(inc_t, 0) + prefix[None, :]
+        ang = raw * tl.load(theta + h * s_th + cols, mask=mc, other=0)[None, :]
+        cos, sin = tl.cos(ang), tl.sin(ang)
+        o = rows[:, None] * (H * 2 * D2) + h * (2 * D2) + cols[None, :]  # outputs are contiguous [N, H, D]
+        p = q + rows[:, None] * s_qt + h * s_qh + cols[None, :]
+        x1 = tl.load(p, mask=m, other=0).to(tl.float32)
+        x2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
+        tl.store(qo + o, (x1 * cos - x2 * sin).to(qo.dtype.element_ty), mask=m)
+        tl.store(qo + o + D2, (x1 * sin + x2 * cos).to(qo.dtype.element_ty), mask=m)
+        p = k + rows[:, None] * s_kt + h * s_kh + cols[None, :]
+        x1 = tl.load(p, mask=m, other=0).to(tl.float32)
+        x2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
+        tl.store(ko + o, (x1 * cos - x2 * sin).to(ko.dtype.element_ty), mask=m)
+        tl.store(ko + o + D2, (x1 * sin + x2 * cos).to(ko.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _rotation_bwd_kernel(gq, gk, yq, yk, dphi, theta, P, gqi, gki, gphi, dth, agg, inc, flags, chunk_tab,
+                             cu_seqlens, T, NT, NC, s_gqt, s_gqh, s_gkt, s_gkh, s_pt, s_ph, s_pd, s_th,
+                             H: tl.constexpr, D2: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                             VARLEN: tl.constexpr, CONST: tl.constexpr, NEED_DPHI: tl.constexpr,
+                             BCAST: tl.constexpr, NEED_DTHETA: tl.constexpr):
+        """gx = R(phi)^T g for q and k. dL/dphi_t = sum over q, k of g2 y1 - g1 y2 (y: the rotated outputs), and
+        dL/ddphi_s = theta * sum_{t >= s} dL/dphi_t: a reverse cumulative sum, chunks taken last to first with the
+        same look-back. dth gets each chunk's sum of Phi * dL/dphi (the temperature gradient)."""
+        ticket = tl.atomic_add(flags + H * NC, 1)
+        h, c = ticket // NC, NC - 1 - ticket % NC
+        t0, eos, i, last = _chunk(c, chunk_tab, cu_seqlens, T, NT, BT, VARLEN)
+        rows, cols = t0 + tl.arange(0, BT), tl.arange(0, BD)
+        mc = cols < D2
+        m = (rows < eos)[:, None] & mc[None, :]
+        j = h * NC + c
+        if CONST:
+            inc_t = tl.where(m, 1.0, 0.0)
+        else:
+            inc_t = tl.load(dphi + rows[:, None] * s_pt + h * s_ph + cols[None, :] * s_pd, mask=m, other=0).to(tl.float32)
+        raw = tl.cumsum(inc_t, 0) + tl.load(P + j * BD + cols)[None, :]
+        th = tl.load(theta + h * s_th + cols, mask=mc, other=0)[None, :]
+        ang = raw * th
+        cos, sin = tl.cos(ang), tl.sin(ang)
+        o = rows[:, None] * (H * 2 * D2) + h * (2 * D2) + cols[None, :]  # y and the input gradients are contiguous
+        p = gq + rows[:, None] * s_gqt + h * s_gqh + cols[None, :]
+        g1 = tl.load(p, mask=m, other=0).to(tl.float32)
+        g2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
+        tl.store(gqi + o, (g1 * cos + g2 * sin).to(gqi.dtype.element_ty), mask=m)
+        tl.store(gqi + o + D2, (g2 * cos - g1 * sin).to(gqi.dtype.element_ty), mask=m)
+        da = g2 * tl.load(yq + o, mask=m, other=0).to(tl.float32) - g1 * tl.load(yq + o + D2, mask=m, other=0).to(tl.float32)
+        p = gk + rows[:, None] * s_gkt + h * s_gkh + cols[None, :]
+        g1 = tl.load(p, mask=m, other=0).to(tl.float32)
+        g2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
+        tl.store(gki + o, (g1 * cos + g2 * sin).to(gki.dtype.element_ty), mask=m)
+        tl.store(gki + o + D2, (g2 * cos - g1 * sin).to(gki.dtype.element_ty), mask=m)
+        da += g2 * tl.load(yk + o, mask=m, other=0).to(tl.float32) - g1 * tl.load(yk + o + D2, mask=m, other=0).to(tl.float32)
+        if NEED_DTHETA:
+            tl.store(dth + j * BD + cols, tl.sum(da * raw, 0))
+        if NEED_DPHI:
+            dr = da * th
+            total = tl.sum(dr, 0)
+            if last:
+                suffix = tl.zeros([BD], dtype=tl.float32)
+            else:
+                _publish(flags, agg, j, total, 1, cols)
+                n_after = (eos - t0 + BT - 1) // BT - 1  # chunks after this one in the document
+                suffix = _look_back(flags, agg, inc, j + 1, j + 1 + n_after, 1, cols, BD)
+            _publish(flags, inc, j, suffix + total, 2, cols)
+            g = tl.cumsum(dr, 0, reverse=True) + suffix[None, :]
+            if BCAST:  # one increment per head, broadcast over channels: its gradient sums them
+                tl.store(gphi + rows * H + h, tl.sum(g, 1), mask=rows < eos)
+            else:
+                tl.store(gphi + rows[:, None] * (H * D2) + h * D2 + cols[None, :], g.to(gphi.dtype.element_ty), mask=m)
+
+
+def _flat(x, B, T, any_last_stride=False):
+    """[B, T, ...] -> [B*T, ...] (a view when possible); the kernels index q, k and gradients with unit channel
+    stride, increments with any (0 when one increment is broadcast over channels)."""
+    x = x.reshape(B * T, *x.shape[2:])
+    return x if any_last_stride or x.stride(-1) == 1 else x.contiguous()
+
+
+def _block_t(D2: int) -> int:
+    """Tokens per chunk (the benchmark sweeps ROTARY_BLOCK_T)."""
+    return int(os.environ.get("ROTARY_BLOCK_T", 32))  # fastest of 32 / 64 / 128 on an H100 (scripts/bench_rotary.py)
+
+
+def _chunk_table(cu_seqlens, BT, device):
+    """Packed input: the (document, chunk-within-document) pairs, each document's chunks consecutive."""
+    cu = cu_seqlens.to(device=device, dtype=torch.int32)
+    n_chunks = ((cu[1:] - cu[:-1] + BT - 1) // BT).long()
+    doc = torch.repeat_interleave(torch.arange(len(n_chunks), device=device), n_chunks)
+    idx = torch.arange(len(doc), device=device) - (torch.cumsum(n_chunks, 0) - n_chunks)[doc]
+    return torch.stack([doc, idx], 1).to(torch.int32).contiguous(), cu
+
+
+class _CumulativeRotation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, dphi, theta, phi0, cu_seqlens):
+        B, T, H, D = q.shape
+        D2, dev = D // 2, q.device
+        BT, BD = _block_t(D2), triton.next_power_of_2(D2)
+        const, varlen = dphi is None, cu_seqlens is not None
+        qf, kf = _flat(q, B, T), _flat(k, B, T)
+        pf = qf if const else _flat(dphi.expand(B, T, H, D2), B, T, True)  # (an unused pointer when constant)
+        s_p = (0, 0, 0) if const else pf.stride()
+        th = theta.float().expand(H, D2)
+        th = th if th.stride(1) == 1 else th.contiguous()
+        if varlen:
+            tab, cu = _chunk_table(cu_seqlens, BT, dev)
+            NT, NC = 0, tab.shape[0]
+        else:
+            tab = cu = qf
+            NT = triton.cdiv(T, BT)
+            NC = B * NT
+        p0 = None
+        if phi0 is not None:  # a number (RoPE's position offset) or [B, H, D/2]
+            p0 = (phi0.float().expand(B, H, D2).contiguous() if torch.is_tensor(phi0) else
+                  torch.full((B, H, D2), float(phi0), device=dev, dtype=torch.float32))
+        P = torch.empty(H * NC, BD, device=dev, dtype=torch.float32)  # each chunk's starting raw angle
+        agg, inc = torch.empty_like(P), torch.empty_like(P)
+        flags = torch.zeros(H * NC + 1, device=dev, dtype=torch.int32)  # + the ticket counter
+        qo = torch.empty(B * T, H, D, device=dev, dtype=q.dtype)
+        ko = torch.empty(B * T, H, D, device=dev, dtype=k.dtype)
+        _rotation_fwd_kernel[(H * NC,)](qf, kf, pf, th, p0 if p0 is not None else qf, qo, ko, P, agg, inc, flags,
+                                        tab, cu, T, NT, NC, qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1),
+                                        *s_p, th.stride(0), H=H, D2=D2, BT=BT, BD=BD, VARLEN=varlen, CONST=const,
+                                        HAS_PHI0=p0 is not None)
+        final = None
+        if not varlen:  # raw angle after the last token, for a decoding cache
+            final = inc.view(H, B, NT, BD)[:, :, -1, :D2].permute(1, 0, 2)
+            ctx.mark_non_differentiable(final)
+        ctx.save_for_backward(qo, ko, dphi if not const else None, theta, P, tab, cu)
+        ctx.meta = (B, T, H, D, BT, BD, NT, NC, const, varlen)
+        return qo.view(B, T, H, D), ko.view(B, T, H, D), final
+
+    @staticmethod
+    def backward(ctx, gq, gk, _gfinal):
+        qo, ko, dphi, theta, P, tab, cu = ctx.saved_tensors
+        B, T, H, D, BT, BD, NT, NC, const, varlen = ctx.meta
+        D2, dev = D // 2, qo.device
+        need_dphi = not const and ctx.needs_input_grad[2]
+        need_dtheta = ctx.needs_input_grad[3]
+        bcast = need_dphi and dphi.shape[-1] == 1 and D2 > 1
+        gqf, gkf = _flat(gq, B, T), _flat(gk, B, T)
+        pf = qo if const else _flat(dphi.expand(B, T, H, D2), B, T, True)
+        s_p = (0, 0, 0) if const else pf.stride()
+        th = theta.float().expand(H, D2)
+        th = th if th.stride(1) == 1 else th.contiguous()
+        gqi, gki = torch.empty_like(qo), torch.empty_like(ko)
+        gphi = (torch.empty(B * T, H, device=dev, dtype=torch.float32) if bcast else
+                torch.empty(B * T, H, D2, device=dev, dtype=dphi.dtype) if need_dphi else qo)
+        dth = torch.empty(H * NC, BD, device=dev, dtype=torch.float32) if need_dtheta else qo
+        agg, inc = torch.empty_like(P), torch.empty_like(P)
+        flags = torch.zeros(H * NC + 1, device=dev, dtype=torch.int32)
+        _rotation_bwd_kernel[(H * NC,)](gqf, gkf, qo, ko, pf, th, P, gqi, gki, gphi, dth, agg, inc, flags, tab, cu,
+                                        T, NT, NC, gqf.stride(0), gqf.stride(1), gkf.stride(0), gkf.stride(1),
+                                        *s_p, th.stride(0), H=H, D2=D2, BT=BT, BD=BD, VARLEN=varlen, CONST=const,
+                                        NEED_DPHI=need_dphi, BCAST=bcast, NEED_DTHETA=need_dtheta)
+        g_dphi = g_theta = None
+        if need_dphi:
+            g_dphi = gphi.view(B, T, H, 1).to(dphi.dtype) if bcast else gphi.view(B, T, H, D2)
+        if need_dtheta:
+            g_theta = dth.view(H, NC, BD)[:, :, :D2].sum(1).to(theta.dtype)
+            if theta.dim() == 1:
+                g_theta = g_theta.sum(0)
+        return gqi.view(B, T, H, D), gki.view(B, T, H, D), g_dphi, g_theta, None, None
+
+
+def cumulative_rotation(q, k, dphi, theta, phi0=None, cu_seqlens=None, impl: str | None = None):
+    """Rotate q and k [B, T, H, D] by phi_t = theta * (phi0 + sum_{s<=t} dphi_s); returns (q_rot, k_rot, Phi_T).
+
+    dphi: [B, T, H, D/2] or [B, T, H, 1] increments, or None for dphi = 1 (RoPE). theta: [D/2] or [H, D/2].
+    phi0: a number or [B, H, D/2] raw angle to continue from (a decoding cache); Phi_T [B, H, D/2] is the raw angle
+    after the last token, to cache (None for packed input). cu_seqlens: document boundaries of packed input (B = 1).
+    impl: "triton" or "torch"; default Triton on CUDA, the reference elsewhere (the interpreter runs the Triton
+    kernels on CPU when TRITON_INTERPRET=1, which is how CI tests them)."""
+    _check(q, k, dphi, theta, phi0, cu_seqlens)
+    if impl is None:
+        impl = "triton" if q.is_cuda and triton is not None else "torch"
+    if impl == "torch":
+        return cumulative_rotation_reference(q, k, dphi, theta, phi0, cu_seqlens)
+    if impl != "triton":
+        raise ValueError(f"cumulative_rotation: impl must be 'triton' or 'torch', got {impl!r}")
+    if triton is None:
+        raise RuntimeError("cumulative_rotation: impl='triton' needs the triton package")
+    if q.dtype == torch.float64:
+        raise ValueError("cumulative_rotation: the Triton kernel takes fp32/bf16/fp16; use impl='torch' for float64")
+    return _CumulativeRotation.apply(q, k, dphi, theta, phi0, cu_seqlens)

@@ -67,5 +67,8 @@ def build_model(backbone, pe, model, vocab_size: int) -> GPT:
     relative = SCHEMES[pe["name"]].kind not in ("none", "absolute")  # built per layer, owned by the mixer
     mixers: list[Mixer] = [mixer_cls(cfg.d_model, cfg.n_heads, build_pe(pe, dims) if relative else None, **options)
                            for _ in range(cfg.n_layer)]
+    for m in mixers:
+        if m.pe is not None:
+            m.pe.bind(m)
     abs_pe = build_pe(pe, dims) if SCHEMES[pe["name"]].kind == "absolute" else None
     return GPT(cfg, mixers, abs_pe)

@@ -23,6 +23,7 @@ from .base import Mixer, register, residual_linear
 
 @register("transformer")
 class SoftmaxAttention(Mixer):
+    softmax = True
     pe_kinds = ("none", "absolute", "rotary", "score", "vo_rotary")
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False):

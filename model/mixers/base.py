@@ -38,6 +38,7 @@ def residual_linear(d_in: int, d_out: int) -> nn.Linear:
 class Mixer(nn.Module):
     name: str = "?"
     pe_kinds: tuple[str, ...] = ("none",)
+    softmax: bool = False  # scores go through a softmax (Selective RoPE then L2-normalises q for its angles)
 
     def __init__(self, d_model: int, n_heads: int, pe=None):
         super().__init__()
@@ -45,6 +46,11 @@ class Mixer(nn.Module):
             raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.pe = pe
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Size of the q/k vectors a rotary scheme rotates (GLA's key dim can differ from d_model / n_heads)."""
+        return getattr(self, "dk", self.head_dim)
 
     def forward(self, x, cache: dict | None = None):
         raise NotImplementedError

@@ -31,6 +31,7 @@ def forgetting_attention(q, k, v, log_gate):
 
 @register("fox")
 class FoX(Mixer):
+    softmax = True
     pe_kinds = ("none", "absolute", "rotary")
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False, output_gate: bool = False,

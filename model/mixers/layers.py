@@ -8,12 +8,12 @@ from torch import nn
 
 
 class ShortConv(nn.Module):
-    """Causal depthwise convolution over time (kernel size K) followed by SiLU, as in Mamba / Gated DeltaNet.
-    The incremental form keeps the last K - 1 inputs in cache[key]."""
+    """Causal depthwise convolution over time (kernel size K) followed by SiLU (as in Mamba / Gated DeltaNet) or by
+    nothing (activation=False). The incremental form keeps the last K - 1 inputs in cache[key]."""
 
-    def __init__(self, dim: int, kernel_size: int = 4):
+    def __init__(self, dim: int, kernel_size: int = 4, activation: bool = True):
         super().__init__()
-        self.kernel_size = kernel_size
+        self.kernel_size, self.activation = kernel_size, activation
         self.weight = nn.Parameter(torch.randn(dim, 1, kernel_size) / kernel_size ** 0.5)
 
     def forward(self, x, cache: dict | None = None, key: str = "conv"):
@@ -22,8 +22,8 @@ class ShortConv(nn.Module):
         full = torch.cat([past, x], 1)
         if cache is not None:
             cache[key] = full[:, -(self.kernel_size - 1):]
-        y = F.conv1d(full.transpose(1, 2), self.weight.to(x.dtype), groups=D)
-        return F.silu(y.transpose(1, 2))
+        y = F.conv1d(full.transpose(1, 2), self.weight.to(x.dtype), groups=D).transpose(1, 2)
+        return F.silu(y) if self.activation else y
 
 
 class GatedOutput(nn.Module):

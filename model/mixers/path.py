@@ -26,6 +26,7 @@ from .layers import ShortConv, l2norm, up
 
 
 class _PaTH(Mixer):
+    softmax = True
     pe_kinds = ("none", "rotary")
     forget_gate = False
 

@@ -52,6 +52,10 @@ class PositionalScheme(nn.Module):
         super().__init__()
         self.dims = dims
 
+    def bind(self, mixer) -> None:
+        """Called once the owning mixer exists: a scheme with parameters shaped by the mixer (its q/k head size,
+        whether it is softmax attention) creates them here. Most schemes need nothing."""
+
 
 def check_options(cls, options: dict, what: str) -> None:
     """Unknown config keys are an error naming the valid ones (no silent ignoring)."""

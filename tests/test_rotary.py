@@ -1,0 +1,249 @@
+"""The cumulative-rotation primitive (kernels/rotary.py) and the schemes built on it: RoPE, Selective RoPE, the
+learned (beta-scaled) rotation. The reference is checked against a float64 computation written differently
+(complex numbers, a lower-triangular matmul for the running sum); the Triton kernel runs in Triton's interpreter on
+a CPU (conftest sets TRITON_INTERPRET=1 when there is no GPU) and is checked against the reference, forward and
+backward, at awkward lengths and across packed-document boundaries."""
+
+import math
+import os
+
+import pytest
+import torch
+
+from kernels.rotary import _block_t, cumulative_rotation, cumulative_rotation_reference, rope_frequencies, rotate
+from model import Cache, ConfigError, build_model
+from model.pe.selective_rope import temperatures
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                            reason="needs a GPU or TRITON_INTERPRET=1")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def direct(q, k, dphi, theta, phi0=None):
+    """float64, complex form: z = x1 + i x2 -> z exp(i theta Phi_t), Phi_t = phi0 + L @ dphi (L lower triangular)."""
+    B, T, H, D = q.shape
+    inc = torch.ones(B, T, H, D // 2, dtype=torch.float64) if dphi is None else dphi.double().expand(B, T, H, D // 2)
+    L = torch.tril(torch.ones(T, T, dtype=torch.float64))
+    Phi = torch.einsum("ts,bshe->bthe", L, inc) + (0 if phi0 is None else phi0.double()[:, None])
+    rot = torch.exp(1j * theta.double() * Phi)
+
+    def r(x):
+        z = torch.complex(x[..., :D // 2].double(), x[..., D // 2:].double()) * rot
+        return torch.cat([z.real, z.imag], -1)
+    return r(q), r(k), Phi[:, -1]
+
+
+def test_reference_matches_direct_float64():
+    torch.manual_seed(0)
+    B, T, H, D = 2, 37, 3, 10
+    q, k = torch.randn(B, T, H, D, dtype=torch.float64), torch.randn(B, T, H, D, dtype=torch.float64)
+    dphi, theta, phi0 = torch.randn(B, T, H, D // 2), torch.rand(H, D // 2), torch.randn(B, H, D // 2)
+    want = direct(q, k, dphi, theta, phi0)
+    got = cumulative_rotation_reference(q, k, dphi.double(), theta.double(), phi0.double())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    # fp32 inputs: fp32 accumulation, within fp32 rounding of the float64 answer
+    got32 = cumulative_rotation_reference(q.float(), k.float(), dphi, theta, phi0)
+    torch.testing.assert_close(got32[0].double(), want[0], rtol=1e-5, atol=2e-5)
+
+
+def test_reference_gradcheck():
+    torch.manual_seed(1)
+    B, T, H, D = 1, 6, 2, 4
+    args = [torch.randn(B, T, H, D, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(B, T, H, D // 2, dtype=torch.float64, requires_grad=True),
+             torch.rand(D // 2, dtype=torch.float64, requires_grad=True)]
+    assert torch.autograd.gradcheck(lambda *a: cumulative_rotation_reference(*a)[:2], args)
+
+
+def test_rope_is_constant_increments():
+    """The RoPE scheme (closed form t * theta) equals the primitive with constant increments dphi = 1, both in the
+    reference and in the kernel (CONST mode), at positions offset .. offset + T - 1."""
+    from model.pe import Dims
+    from model.pe.rope import RoPE
+    torch.manual_seed(2)
+    q, k = torch.randn(2, 9, 3, 8), torch.randn(2, 9, 3, 8)
+    theta = rope_frequencies(8).float()
+    for offset in (0, 5):
+        phi = torch.arange(offset, offset + 9).float()[:, None, None] * theta
+        rq, rk = RoPE(Dims(24, 3, 8, 64))(q, k, offset=offset)
+        torch.testing.assert_close(rq, rotate(q, phi))
+        torch.testing.assert_close(rk, rotate(k, phi))
+        impls = ["torch"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available() else [])
+        for impl in impls:
+            cq, ck, _ = cumulative_rotation(q.to(DEV), k.to(DEV), None, theta.to(DEV), phi0=offset - 1.0, impl=impl)
+            torch.testing.assert_close(cq.cpu(), rq, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(ck.cpu(), rk, rtol=1e-5, atol=1e-5)
+
+
+CASES = [  # (B, T, H, D, increments, phi0)
+    (2, 5, 2, 16, "full", False),        # shorter than one block
+    (2, 77, 3, 16, "full", True),        # not a multiple of the block, continuing from a cached angle
+    (1, 128, 2, 64, "full", False),      # exactly two blocks of head dim 64
+    (2, 70, 2, 12, "full", False),       # D/2 = 6: not a power of two
+    (2, 77, 3, 16, "broadcast", True),   # one increment per head (learned / conformal rotation)
+    (2, 77, 3, 16, "const", True),       # RoPE
+]
+
+
+def _inputs(B, T, H, D, inc, phi0, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, D, generator=g).to(DEV, dtype).requires_grad_()
+    k = torch.randn(B, T, H, D, generator=g).to(DEV, dtype).requires_grad_()
+    dphi = None if inc == "const" else (
+        torch.randn(B, T, H, D // 2 if inc == "full" else 1, generator=g).to(DEV, dtype).requires_grad_())
+    theta = torch.rand(H, D // 2, generator=g).to(DEV).requires_grad_()
+    p0 = torch.randn(B, H, D // 2, generator=g).to(DEV) if phi0 else None
+    return q, k, dphi, theta, p0
+
+
+def _grads(outs, ins, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    w = [torch.randn(o.shape, generator=g).to(o.device) for o in outs[:2]]
+    loss = sum((o.double() * wi.double()).sum() for o, wi in zip(outs[:2], w))
+    return torch.autograd.grad(loss, [i for i in ins if i is not None])
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@interp
+@pytest.mark.parametrize("B,T,H,D,inc,phi0", CASES)
+def test_kernel_matches_reference(B, T, H, D, inc, phi0):
+    q, k, dphi, theta, p0 = _inputs(B, T, H, D, inc, phi0)
+    got = cumulative_rotation(q, k, dphi, theta, phi0=p0, impl="triton")
+    ins = [q, k, dphi, theta]
+    d64 = [None if x is None else x.detach().double().requires_grad_() for x in ins]
+    want = cumulative_rotation_reference(*d64, phi0=None if p0 is None else p0.double())
+    for g, w in zip(got, want):
+        assert _rel(g, w) < 1e-6
+    for name, g, w in zip(["q", "k", "dphi", "theta"], _grads(got, ins), _grads(want, d64)):
+        assert g.shape == w.shape, name
+        assert _rel(g, w) < 1e-5, name
+
+
+@interp
+def test_kernel_bf16():
+    q, k, dphi, theta, _ = _inputs(2, 77, 2, 16, "full", False, dtype=torch.bfloat16)
+    got = cumulative_rotation(q, k, dphi, theta, impl="triton")
+    assert got[0].dtype == torch.bfloat16
+    ins = [q, k, dphi, theta]
+    d64 = [x.detach().double().requires_grad_() for x in ins]
+    want = cumulative_rotation_reference(*d64)
+    assert _rel(got[0], want[0]) < 1e-2 and _rel(got[1], want[1]) < 1e-2
+    for g, w in zip(_grads(got, ins), _grads(want, d64)):
+        assert g.dtype == w.dtype or g.dtype in (torch.bfloat16, torch.float32)
+        assert _rel(g, w) < 2e-2
+
+
+@interp
+def test_kernel_packed_documents_restart():
+    """With cu_seqlens the running angle restarts at every document: each document rotates as if alone."""
+    bt = _block_t(8)
+    cu = torch.tensor([0, 3, bt + 1, bt + 2, 2 * bt + 9], dtype=torch.int32)  # boundaries inside and at block edges
+    N = int(cu[-1])
+    q, k, dphi, theta, _ = _inputs(1, N, 2, 16, "full", False)
+    got = cumulative_rotation(q, k, dphi, theta, cu_seqlens=cu.to(DEV), impl="triton")
+    assert got[2] is None
+    ins = [q, k, dphi, theta]
+    d64 = [x.detach().double().requires_grad_() for x in ins]
+    want = cumulative_rotation_reference(*d64, cu_seqlens=cu)
+    for g, w in zip(got[:2], want[:2]):
+        assert _rel(g, w) < 1e-6
+    for g, w in zip(_grads(got, ins), _grads(want, d64)):
+        assert _rel(g, w) < 1e-5
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):  # independent: each document on its own
+        alone = cumulative_rotation_reference(*[x[:, s:e] for x in d64[:3]], d64[3])
+        assert _rel(got[0][:, s:e], alone[0]) < 1e-6
+
+
+def test_bad_inputs_are_named():
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match=r"\[B, T, H, D/2\]"):
+        cumulative_rotation(q, q, torch.randn(1, 4, 2, 3), torch.rand(4))
+    with pytest.raises(ValueError, match="temperatures"):
+        cumulative_rotation(q, q, None, torch.rand(3))
+    with pytest.raises(ValueError, match="impl"):
+        cumulative_rotation(q, q, None, torch.rand(4), impl="cuda")
+    with pytest.raises(ValueError, match="float64"):
+        cumulative_rotation(q.double(), q.double(), None, torch.rand(4), impl="triton")
+
+
+# ------------------------------------------------------------------------------------------ Selective RoPE scheme
+
+SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 32, "tie_embeddings": False}
+ALL_FLAGS = {"phase_gate": True, "bias": True, "weight_norm": True, "learn_temperature": True}
+
+
+def _model(backbone, **pe):
+    torch.manual_seed(0)
+    m = build_model({"name": backbone}, {"name": "selective_rope", **pe}, SIZE, 40).double()
+    with torch.no_grad():  # zero-initialised biases would hide their paths
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m.eval()
+
+
+def test_temperature_schedules():
+    torch.testing.assert_close(temperatures("rope", 16, 500000.0), rope_frequencies(16, 500000.0).float())
+    t = temperatures("tan", 16, 100.0, temp_max=2.0)
+    assert t[0] == 0 and torch.all(t[1:] > t[:-1])
+    assert abs(t[-1].item() - 2.0 * math.tan((1 - 1 / 100) * math.pi / 2)) < 1e-5 * t[-1].item()
+    with pytest.raises(ConfigError, match="valid choices"):
+        build_model({"name": "gla"}, {"name": "selective_rope", "temperature": "cosine"}, SIZE, 40)
+    with pytest.raises(ConfigError, match="valid options"):
+        build_model({"name": "gla"}, {"name": "selective_rope", "phasegate": True}, SIZE, 40)
+    with pytest.raises(ConfigError, match="head size 5 must be even"):  # GLA's key dim 32 * 0.3125 / 2 heads
+        build_model({"name": "gla", "expand_k": 0.3125}, {"name": "selective_rope"}, SIZE, 40)
+
+
+def test_softmax_mixers_normalise_q():
+    assert _model("transformer").blocks[0].mixer.pe.normalize_q
+    assert _model("fox").blocks[0].mixer.pe.normalize_q
+    assert not _model("gla").blocks[0].mixer.pe.normalize_q
+
+
+def test_constant_increments_give_rope():
+    """Selective RoPE with a zero projection and bias 1 is RoPE with the same base: dphi = 1, phi_t = (t + 1) theta.
+    (Softmax attention sees only phi_t - phi_s; a per-channel decay such as GLA's would also see the global phase.)"""
+    m = build_model({"name": "transformer"}, {"name": "selective_rope", "bias": True, "base": 10000.0}, SIZE, 40)
+    r = build_model({"name": "transformer"}, {"name": "rope"}, SIZE, 40)
+    m, r = m.double(), r.double()
+    r.load_state_dict({k: v for k, v in m.state_dict().items() if k in r.state_dict()})
+    with torch.no_grad():
+        for b in m.blocks:
+            b.mixer.pe.weight.zero_()
+            b.mixer.pe.bias.fill_(1.0)
+    idx = torch.randint(0, 40, (2, 20))
+    torch.testing.assert_close(m(idx)[0], r(idx)[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("backbone", ["gla", "transformer", "gated_deltanet", "fox"])
+def test_generation_path_equals_parallel(backbone):
+    """All flags on: prefill + one token per step through the cache (conv state + running angle) == parallel."""
+    m = _model(backbone, **ALL_FLAGS)
+    idx = torch.randint(0, 40, (2, 21))
+    full, _ = m(idx)
+    cache = Cache(SIZE["n_layer"])
+    parts = [m(idx[:, :7], cache=cache)[0]] + [m(idx[:, i:i + 1], cache=cache)[0] for i in range(7, 21)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-10, atol=1e-10)
+    assert cache.layers[0]["pe"]["phi"].shape == (2, SIZE["n_heads"], m.blocks[0].mixer.qk_head_dim // 2)
+
+
+def test_angles_depend_on_input_and_train():
+    """The rotation is selective (earlier tokens move later angles) and every parameter gets a gradient."""
+    m = _model("gla", **ALL_FLAGS)
+    pe = m.blocks[0].mixer.pe
+    q = torch.randn(1, 10, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
+    x = torch.randn(1, 10, SIZE["d_model"], dtype=torch.float64)
+    a, _ = pe(q, q, x=x)
+    q2 = q.clone()
+    q2[:, 2] += 1.0
+    b, _ = pe(q2, q2, x=x)
+    assert torch.allclose(a[:, :2], b[:, :2]) and not torch.allclose(a[:, 5], b[:, 5])
+    idx = torch.randint(0, 40, (2, 16))
+    m.train()
+    m(idx, idx)[1].backward()
+    for name, p in pe.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
