@@ -134,6 +134,22 @@ if triton is not None:
         tl.atomic_xchg(flags + j, flag, sem="release")
 
     @triton.jit
+    def _increments(dphi, rows, cols, m, h, s_pt, s_ph, s_pd, CONST: tl.constexpr):
+        if CONST:
+            return tl.where(m, 1.0, 0.0)
+        return tl.load(dphi + rows[:, None] * s_pt + h * s_ph + cols[None, :] * s_pd, mask=m, other=0).to(tl.float32)
+
+    @triton.jit
+    def _rotate_tile(x, out, rows, cols, m, h, s_t, s_h, o, cos, sin, D2: tl.constexpr):
+        """out[o] = rot(x) of one [BT, D] tile given cos and sin of its angles; returns the input halves."""
+        p = x + rows[:, None] * s_t + h * s_h + cols[None, :]
+        x1 = tl.load(p, mask=m, other=0).to(tl.float32)
+        x2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
+        tl.store(out + o, (x1 * cos - x2 * sin).to(out.dtype.element_ty), mask=m)
+        tl.store(out + o + D2, (x1 * sin + x2 * cos).to(out.dtype.element_ty), mask=m)
+        return x1, x2
+
+    @triton.jit
     def _rotation_fwd_kernel(q, k, dphi, theta, phi0, qo, ko, P, agg, inc, flags, chunk_tab, cu_seqlens, T, NT, NC,
                              s_qt, s_qh, s_kt, s_kh, s_pt, s_ph, s_pd, s_th,
                              H: tl.constexpr, D2: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
@@ -145,10 +161,7 @@ if triton is not None:
         rows, cols = t0 + tl.arange(0, BT), tl.arange(0, BD)
         mc = cols < D2
         m = (rows < eos)[:, None] & mc[None, :]
-        if CONST:
-            inc_t = tl.where(m, 1.0, 0.0)
-        else:
-            inc_t = tl.load(dphi + rows[:, None] * s_pt + h * s_ph + cols[None, :] * s_pd, mask=m, other=0).to(tl.float32)
+        inc_t = _increments(dphi, rows, cols, m, h, s_pt, s_ph, s_pd, CONST)
         total = tl.sum(inc_t, 0)
         j = h * NC + c  # this chunk's slot in the flag / partial-sum arrays
         if i == 0:
@@ -164,16 +177,8 @@ if triton is not None:
         ang = raw * tl.load(theta + h * s_th + cols, mask=mc, other=0)[None, :]
         cos, sin = tl.cos(ang), tl.sin(ang)
         o = rows[:, None] * (H * 2 * D2) + h * (2 * D2) + cols[None, :]  # outputs are contiguous [N, H, D]
-        p = q + rows[:, None] * s_qt + h * s_qh + cols[None, :]
-        x1 = tl.load(p, mask=m, other=0).to(tl.float32)
-        x2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
-        tl.store(qo + o, (x1 * cos - x2 * sin).to(qo.dtype.element_ty), mask=m)
-        tl.store(qo + o + D2, (x1 * sin + x2 * cos).to(qo.dtype.element_ty), mask=m)
-        p = k + rows[:, None] * s_kt + h * s_kh + cols[None, :]
-        x1 = tl.load(p, mask=m, other=0).to(tl.float32)
-        x2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
-        tl.store(ko + o, (x1 * cos - x2 * sin).to(ko.dtype.element_ty), mask=m)
-        tl.store(ko + o + D2, (x1 * sin + x2 * cos).to(ko.dtype.element_ty), mask=m)
+        _rotate_tile(q, qo, rows, cols, m, h, s_qt, s_qh, o, cos, sin, D2)
+        _rotate_tile(k, ko, rows, cols, m, h, s_kt, s_kh, o, cos, sin, D2)
 
     @triton.jit
     def _rotation_bwd_kernel(gq, gk, yq, yk, dphi, theta, P, gqi, gki, gphi, dth, agg, inc, flags, chunk_tab,
@@ -191,26 +196,15 @@ if triton is not None:
         mc = cols < D2
         m = (rows < eos)[:, None] & mc[None, :]
         j = h * NC + c
-        if CONST:
-            inc_t = tl.where(m, 1.0, 0.0)
-        else:
-            inc_t = tl.load(dphi + rows[:, None] * s_pt + h * s_ph + cols[None, :] * s_pd, mask=m, other=0).to(tl.float32)
+        inc_t = _increments(dphi, rows, cols, m, h, s_pt, s_ph, s_pd, CONST)
         raw = tl.cumsum(inc_t, 0) + tl.load(P + j * BD + cols)[None, :]
         th = tl.load(theta + h * s_th + cols, mask=mc, other=0)[None, :]
         ang = raw * th
         cos, sin = tl.cos(ang), tl.sin(ang)
         o = rows[:, None] * (H * 2 * D2) + h * (2 * D2) + cols[None, :]  # y and the input gradients are contiguous
-        p = gq + rows[:, None] * s_gqt + h * s_gqh + cols[None, :]
-        g1 = tl.load(p, mask=m, other=0).to(tl.float32)
-        g2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
-        tl.store(gqi + o, (g1 * cos + g2 * sin).to(gqi.dtype.element_ty), mask=m)
-        tl.store(gqi + o + D2, (g2 * cos - g1 * sin).to(gqi.dtype.element_ty), mask=m)
+        g1, g2 = _rotate_tile(gq, gqi, rows, cols, m, h, s_gqt, s_gqh, o, cos, -sin, D2)  # R^T = R(-phi)
         da = g2 * tl.load(yq + o, mask=m, other=0).to(tl.float32) - g1 * tl.load(yq + o + D2, mask=m, other=0).to(tl.float32)
-        p = gk + rows[:, None] * s_gkt + h * s_gkh + cols[None, :]
-        g1 = tl.load(p, mask=m, other=0).to(tl.float32)
-        g2 = tl.load(p + D2, mask=m, other=0).to(tl.float32)
-        tl.store(gki + o, (g1 * cos + g2 * sin).to(gki.dtype.element_ty), mask=m)
-        tl.store(gki + o + D2, (g2 * cos - g1 * sin).to(gki.dtype.element_ty), mask=m)
+        g1, g2 = _rotate_tile(gk, gki, rows, cols, m, h, s_gkt, s_gkh, o, cos, -sin, D2)
         da += g2 * tl.load(yk + o, mask=m, other=0).to(tl.float32) - g1 * tl.load(yk + o + D2, mask=m, other=0).to(tl.float32)
         if NEED_DTHETA:
             tl.store(dth + j * BD + cols, tl.sum(da * raw, 0))
@@ -238,9 +232,17 @@ def _flat(x, B, T, any_last_stride=False):
     return x if any_last_stride or x.stride(-1) == 1 else x.contiguous()
 
 
-def _block_t(D2: int) -> int:
+def _block_t() -> int:
     """Tokens per chunk (the benchmark sweeps ROTARY_BLOCK_T)."""
     return int(os.environ.get("ROTARY_BLOCK_T", 32))  # fastest of 32 / 64 / 128 on an H100 (scripts/bench_rotary.py)
+
+
+def _operands(dphi, theta, B, T, H, D2, placeholder):
+    """The increments as a flat [B*T, H, D/2] view (placeholder pointer when constant) with their strides, and the
+    temperatures as fp32 [H, D/2] with unit channel stride."""
+    pf = placeholder if dphi is None else _flat(dphi.expand(B, T, H, D2), B, T, True)
+    th = theta.float().expand(H, D2)
+    return pf, ((0, 0, 0) if dphi is None else pf.stride()), (th if th.stride(1) == 1 else th.contiguous())
 
 
 def _chunk_table(cu_seqlens, BT, device):
@@ -257,13 +259,10 @@ class _CumulativeRotation(torch.autograd.Function):
     def forward(ctx, q, k, dphi, theta, phi0, cu_seqlens):
         B, T, H, D = q.shape
         D2, dev = D // 2, q.device
-        BT, BD = _block_t(D2), triton.next_power_of_2(D2)
+        BT, BD = _block_t(), triton.next_power_of_2(D2)
         const, varlen = dphi is None, cu_seqlens is not None
         qf, kf = _flat(q, B, T), _flat(k, B, T)
-        pf = qf if const else _flat(dphi.expand(B, T, H, D2), B, T, True)  # (an unused pointer when constant)
-        s_p = (0, 0, 0) if const else pf.stride()
-        th = theta.float().expand(H, D2)
-        th = th if th.stride(1) == 1 else th.contiguous()
+        pf, s_p, th = _operands(dphi, theta, B, T, H, D2, qf)
         if varlen:
             tab, cu = _chunk_table(cu_seqlens, BT, dev)
             NT, NC = 0, tab.shape[0]
@@ -301,10 +300,7 @@ class _CumulativeRotation(torch.autograd.Function):
         need_dtheta = ctx.needs_input_grad[3]
         bcast = need_dphi and dphi.shape[-1] == 1 and D2 > 1
         gqf, gkf = _flat(gq, B, T), _flat(gk, B, T)
-        pf = qo if const else _flat(dphi.expand(B, T, H, D2), B, T, True)
-        s_p = (0, 0, 0) if const else pf.stride()
-        th = theta.float().expand(H, D2)
-        th = th if th.stride(1) == 1 else th.contiguous()
+        pf, s_p, th = _operands(dphi, theta, B, T, H, D2, qo)
         gqi, gki = torch.empty_like(qo), torch.empty_like(ko)
         gphi = (torch.empty(B * T, H, device=dev, dtype=torch.float32) if bcast else
                 torch.empty(B * T, H, D2, device=dev, dtype=dphi.dtype) if need_dphi else qo)

@@ -140,7 +140,7 @@ def test_kernel_bf16():
 @interp
 def test_kernel_packed_documents_restart():
     """With cu_seqlens the running angle restarts at every document: each document rotates as if alone."""
-    bt = _block_t(8)
+    bt = _block_t()
     cu = torch.tensor([0, 3, bt + 1, bt + 2, 2 * bt + 9], dtype=torch.int32)  # boundaries inside and at block edges
     N = int(cu[-1])
     q, k, dphi, theta, _ = _inputs(1, N, 2, 16, "full", False)
