@@ -4,9 +4,13 @@ says what to measure.
     python eval.py ckpt=outputs/transformer-rope-tiny/checkpoints/latest mode=perplexity
     python eval.py ckpt=... mode=sample prompt="The module" max_new_tokens=100 temperature=0.8
     python eval.py ckpt=... mode=perplexity data=text data.files='held_out/*.txt'   # any data config
+    python eval.py ckpt=outputs/gla-selective_rope-S2-L1 mode=task +data_overrides.eval_len=1024  # synthetic task
 
 Modes: perplexity (validation loss and perplexity on the checkpoint's data, or any other data config, at any
-context length), sample (generation through each mixer's cache / recurrent state).
+context length), sample (generation through each mixer's cache / recurrent state; a task's prompt is its token
+names, e.g. prompt="<bos> h e l l o <copy>"), task (accuracy and accuracy vs length on the synthetic task the
+checkpoint was trained on, regenerated from its data config, optionally changed by data_overrides: longer
+evaluation, other test settings; writes a PNG).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from model import ConfigError, build_model
 
-MODES = ("perplexity", "sample")
+MODES = ("perplexity", "sample", "task")
 
 
 def resolve_ckpt(path: str) -> Path:
@@ -63,6 +67,33 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "tokens": count, "seq_len": seq_len}
 
 
+def task_accuracy(model, ckpt, cfg, device, autocast) -> dict:
+    from omegaconf import OmegaConf
+
+    from data import tasks
+    data_cfg = dict(ckpt["config"]["data"])
+    if not tasks.is_task(data_cfg):
+        raise ConfigError(f"mode=task needs a checkpoint trained on a synthetic task; this one used data={data_cfg['name']}")
+    data_cfg.update(OmegaConf.to_container(cfg.data_overrides, resolve=True) if cfg.data_overrides else {})
+    data_cfg["train_examples"] = 1  # only the evaluation sets are needed
+    task = tasks.build(data_cfg)
+    result = tasks.evaluate(model, task, cfg.micro_batch, device, autocast)
+    curve = result["curve"]
+    shown = tasks.log_points(curve, task.train_len)
+    extrap = f" | beyond {task.train_len}: {result['val_acc_extrap']:.4f}" if "val_acc_extrap" in result else ""
+    acc = f"{result['val_acc']:.4f}" if result["val_acc"] is not None else "-"
+    print(f"task {task.name} | loss {result['val_loss']:.4f} | accuracy up to {task.unit} {task.train_len}: {acc}{extrap}")
+    print("  ".join(f"{k.split('@')[1]}: {v:.3f}" for k, v in shown.items()))
+    run_dir = resolve_ckpt(cfg.ckpt).parent.parent
+    plot = Path(cfg.plot) if cfg.plot else run_dir / "eval_accuracy_vs_length.png"
+    c = ckpt["config"]
+    tasks.plot_curves({f"{c['backbone']['name']} + {c['pe']['name']}": curve}, plot, task.train_len, task.unit,
+                      title=f"{task.name}: {c.get('run_name', '')}")
+    print(f"plot: {plot}")
+    return {**result, "task": task.name, "train_len": task.train_len, "unit": task.unit, "plot": str(plot),
+            "curve": {str(k): v for k, v in curve.items()}}
+
+
 def run(cfg) -> dict:
     from omegaconf import OmegaConf
     if cfg.mode not in MODES:
@@ -79,8 +110,14 @@ def run(cfg) -> dict:
         result = perplexity(model, tok, data_cfg, seq, cfg.eval_tokens, cfg.micro_batch, device, autocast)
         print(f"val loss {result['val_loss']:.4f} | perplexity {result['val_ppl']:.2f} | "
               f"{result['tokens']:,} tokens at context {seq}")
+    elif cfg.mode == "task":
+        result = task_accuracy(model, ckpt, cfg, device, autocast)
     else:
-        prompt = torch.tensor([tok.encode(cfg.prompt) or [tok.eot_id]], device=device)
+        try:
+            ids = tok.encode(cfg.prompt)
+        except ValueError as e:
+            raise ConfigError(f"prompt={cfg.prompt!r}: {e}") from None
+        prompt = torch.tensor([ids or [tok.eot_id]], device=device)
         gen = torch.Generator(device).manual_seed(cfg.seed)
         with autocast:
             out = model.generate(prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator=gen)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from data.tasks import is_task
 from model import ConfigError, build_model, check_model_config
 
 # Dense bf16 peak FLOP/s per device, for MFU. Matched by substring of torch.cuda.get_device_name().
@@ -33,7 +34,7 @@ PEAK_FLOPS = {
     "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L40": 181e12, "A6000": 155e12, "A40": 150e12,
     "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12,
 }
-SCHEDULES = ("cosine", "wsd", "constant")
+SCHEDULES = ("cosine", "wsd", "linear", "constant")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -43,15 +44,29 @@ def check_config(cfg, world: int = 1) -> dict:
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
     t, o = cfg.train, cfg.optim
     seq = cfg.model.seq_len
-    per_micro = t.micro_batch * seq * world
-    if t.global_batch_tokens % per_micro:
-        raise ConfigError(
-            f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of micro_batch x seq_len x world_size"
-            f" = {t.micro_batch} x {seq} x {world} = {per_micro}; e.g. global_batch_tokens="
-            f"{max(1, round(t.global_batch_tokens / per_micro)) * per_micro}")
-    steps = t.steps if t.steps is not None else int(t.tokens // t.global_batch_tokens)
-    if steps < 1:
+    if t.get("batch_size"):  # in sequences (synthetic tasks); global_batch_tokens is then derived
+        per_micro = t.micro_batch * world
+        if t.batch_size % per_micro:
+            raise ConfigError(f"train.batch_size={t.batch_size} is not a multiple of micro_batch x world_size = "
+                              f"{t.micro_batch} x {world}; e.g. batch_size={max(1, round(t.batch_size / per_micro)) * per_micro}")
+        accum, batch_tokens = t.batch_size // per_micro, t.batch_size * seq
+    else:
+        per_micro = t.micro_batch * seq * world
+        if t.global_batch_tokens % per_micro:
+            raise ConfigError(
+                f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of micro_batch x seq_len x "
+                f"world_size = {t.micro_batch} x {seq} x {world} = {per_micro}; e.g. global_batch_tokens="
+                f"{max(1, round(t.global_batch_tokens / per_micro)) * per_micro}")
+        accum, batch_tokens = t.global_batch_tokens // per_micro, t.global_batch_tokens
+    if t.get("epochs") and t.steps is None and not is_task(cfg.data):
+        raise ConfigError("train.epochs counts passes over a synthetic task's examples; for text use train.tokens "
+                          "or train.steps")
+    steps = t.steps if t.steps is not None else (None if t.get("epochs") else int(t.tokens // batch_tokens))
+    if steps is not None and steps < 1:
         raise ConfigError(f"the budget gives {steps} steps: raise train.tokens or set train.steps")
+    if is_task(cfg.data) and cfg.data.get("seq_len", 0) > seq:
+        raise ConfigError(f"data={cfg.data.name} trains on sequences of {cfg.data.seq_len} tokens but model.seq_len="
+                          f"{seq}; set model.seq_len={cfg.data.seq_len} (the task configs in conf/task/ do)")
     if o.schedule not in SCHEDULES:
         raise ConfigError(f"optim.schedule={o.schedule!r}; valid choices: {list(SCHEDULES)}")
     if cfg.logger.mode not in LOGGER_MODES:
@@ -64,7 +79,7 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
     if str(cfg.resume) not in ("auto", "never") and not Path(str(cfg.resume)).is_file():
         raise ConfigError(f"resume={cfg.resume!r}: not a checkpoint file; valid: auto, never, or a path to a .pt file")
-    return {"steps": steps, "grad_accum": t.global_batch_tokens // per_micro}
+    return {"steps": steps, "grad_accum": accum, "batch_tokens": batch_tokens}
 
 
 # ------------------------------------------------------------------------------------------------ optimisation
@@ -79,6 +94,8 @@ def lr_lambda(o, total: int):
         if o.schedule == "cosine":
             p = (step - warm) / max(1, total - warm)
             return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0)))
+        if o.schedule == "linear":
+            return 1.0 - (1 - lo) * min(1.0, (step - warm) / max(1, total - warm))
         if o.schedule == "wsd":
             start = total - int(o.decay_fraction * total)
             return 1.0 if step < start else 1.0 - (1 - lo) * (step - start) / max(1, total - start)
@@ -169,11 +186,13 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
         then = dict(ckpt_cfg[group])
         if group == "data":  # where the cache lives does not change the data
             now.pop("cache_dir", None), then.pop("cache_dir", None)
+        if group == "model" and now.get("head") == "auto":  # the checkpoint holds the head auto resolved to
+            now.pop("head"), then.pop("head", None)
         if then != now:
             raise ConfigError(f"cannot resume from {group} config {then}: this run's is {now}; use another out_dir "
                               "(or resume=never in an empty one)")
-    for key in ("global_batch_tokens",):
-        if ckpt_cfg["train"][key] != cfg.train[key]:
+    for key in ("global_batch_tokens", "batch_size"):
+        if ckpt_cfg["train"].get(key) != cfg.train.get(key):
             raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'][key]}, now {cfg.train[key]} "
                               "(the data position is counted in global batches)")
 
@@ -253,13 +272,14 @@ def run(cfg) -> dict:
     from omegaconf import OmegaConf
 
     import data as data_lib
+    from data import tasks
 
     ddp = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world, local_rank = 0, 1, 0
     if ddp:
         rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     derived = check_config(cfg, world)
-    steps, accum = derived["steps"], derived["grad_accum"]
+    steps, accum, batch_tokens = derived["steps"], derived["grad_accum"], derived["batch_tokens"]
     t = cfg.train
     use_cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
@@ -283,18 +303,32 @@ def run(cfg) -> dict:
     if ckpt is not None:
         check_resume_compatible(ckpt["config"], cfg)
 
-    # data: rank 0 prepares (tokenizer + shards, cached), the others wait and then read the cache
-    if master:
-        info = data_lib.prepare(cfg.data, progress=t.progress)
-    if ddp:
-        dist.barrier()
-    if not master:
-        info = data_lib.prepare(cfg.data, progress=False)
-    tok = info.tokenizer
+    # data: a synthetic task is generated from data.seed on every rank (deterministic, nothing on disk); text is
+    # prepared by rank 0 (tokenizer + shards, cached) while the others wait and then read the cache
+    task = None
+    if is_task(cfg.data):
+        task = tasks.build(cfg.data)
+        if cfg.model.head == "auto":  # resolved here, so the checkpoint's config names the head it was built with
+            cfg.model.head = task.head
+        if task.head != cfg.model.head:
+            raise ConfigError(f"data={cfg.data.name} is scored with model.head={task.head}, this model has "
+                              f"model.head={cfg.model.head}; use model.head=auto")
+        tok = data_lib.Tokenizer("symbols", json.dumps(task.symbols))
+        train_windows, seq = task.train, task.seq_len
+        batch_tokens = t.micro_batch * accum * world * seq
+        if steps is None:  # train.epochs
+            steps = max(1, math.ceil(t.epochs * len(task.train) / (t.micro_batch * accum * world)))
+    else:
+        if master:
+            info = data_lib.prepare(cfg.data, progress=t.progress)
+        if ddp:
+            dist.barrier()
+        if not master:
+            info = data_lib.prepare(cfg.data, progress=False)
+        tok, seq = info.tokenizer, cfg.model.seq_len
+        train_windows = data_lib.TokenWindows(info.train_shards, seq, tok.vocab_size, seed=cfg.seed)
+        val_windows = data_lib.TokenWindows(info.val_shards, seq, tok.vocab_size, shuffle=False)
     vocab = 64 * math.ceil(tok.vocab_size / 64)  # padded: matmuls like multiples of 64
-    seq = cfg.model.seq_len
-    train_windows = data_lib.TokenWindows(info.train_shards, seq, tok.vocab_size, seed=cfg.seed)
-    val_windows = data_lib.TokenWindows(info.val_shards, seq, tok.vocab_size, shuffle=False)
     batches = data_lib.TrainBatches(train_windows, t.micro_batch, accum, rank, world)
 
     # model and optimiser
@@ -335,8 +369,13 @@ def run(cfg) -> dict:
         print(f"model: backbone={cfg.backbone.name} pe={cfg.pe.name} size={cfg.model.name}: "
               f"{model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M without embeddings), "
               f"vocab {tok.vocab_size} (padded {vocab})")
-        print(f"data: {cfg.data.name}: {info.n_train_tokens:,} train / {info.n_val_tokens:,} val tokens in {info.dir}")
-        print(f"train: {steps} steps x {t.global_batch_tokens:,} tokens = {steps * t.global_batch_tokens:,} tokens; "
+        if task is not None:
+            print(f"data: task {task.name}: {len(task.train):,} training examples of {seq} tokens; evaluation: "
+                  f"{sum(len(e.inputs) for e in task.evals):,} examples, {task.unit}s up to "
+                  f"{max(e.length for e in task.evals)} (trained to {task.train_len})")
+        else:
+            print(f"data: {cfg.data.name}: {info.n_train_tokens:,} train / {info.n_val_tokens:,} val tokens in {info.dir}")
+        print(f"train: {steps} steps x {batch_tokens:,} tokens = {steps * batch_tokens:,} tokens; "
               f"micro_batch {t.micro_batch} x grad_accum {accum} x world {world}; device {device}, "
               f"{'bf16 autocast' if bf16 else 'fp32'}" + (f"; resuming at step {start_step}" if start_step else ""))
 
@@ -375,7 +414,7 @@ def run(cfg) -> dict:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens_since += t.global_batch_tokens
+        tokens_since += batch_tokens
         steps_since += 1
         done = step + 1
         bar.update(1)
@@ -390,7 +429,7 @@ def run(cfg) -> dict:
             tps = tokens_since / dt
             row = {"step": done, "loss": loss_sum.item() / steps_since, "lr": lr, "grad_norm": grad_norm.item(),
                    "tokens_per_s": tps, "mfu": flops_tok * tps / (peak * world) if peak else None,
-                   "tokens": done * t.global_batch_tokens}
+                   "tokens": done * batch_tokens}
             logger.log(row)
             mfu = f" mfu {row['mfu']:.3f}" if row["mfu"] else ""
             bar.set_postfix(loss=f"{row['loss']:.3f}")
@@ -400,7 +439,17 @@ def run(cfg) -> dict:
             result.update(row)
             loss_sum.zero_()
             t_last, tokens_since, steps_since = time.perf_counter(), 0, 0
-        if done % t.eval_interval == 0 or done == steps:
+        if (done % t.eval_interval == 0 or done == steps) and task is not None:
+            m = tasks.evaluate(model, task, t.micro_batch, device, autocast, rank, world)
+            logger.log({"step": done, **{k: v for k, v in m.items() if k != "curve"},
+                        **tasks.log_points(m["curve"], task.train_len)})
+            if master:
+                extrap = f" | acc beyond {task.train_len} {m['val_acc_extrap']:.4f}" if "val_acc_extrap" in m else ""
+                acc = f"{m['val_acc']:.4f}" if m["val_acc"] is not None else "-"
+                bar.write(f"step {done:6d} | val loss {m['val_loss']:.4f} | acc {acc}{extrap}")
+            result.update(m)
+            t_last = time.perf_counter()
+        elif done % t.eval_interval == 0 or done == steps:
             val = evaluate(model, val_windows, n_val, t.micro_batch, device, autocast, rank, world)
             logger.log({"step": done, "val_loss": val, "val_ppl": math.exp(min(val, 50))})
             if master:
@@ -412,7 +461,15 @@ def run(cfg) -> dict:
             t_last = time.perf_counter()
     bar.close()
 
-    if master and t.sample_tokens > 0 and steps > start_step:
+    if master and task is not None and "curve" in result:
+        summary = {"task": task.name, "train_len": task.train_len, "unit": task.unit, "step": steps,
+                   **{k: result.get(k) for k in ("val_loss", "val_acc", "val_acc_extrap")}, "curve": result["curve"],
+                   "config": OmegaConf.to_container(cfg, resolve=True)}
+        tasks.write_result(out_dir / "task_eval.json", summary)
+        tasks.plot_curves({f"{cfg.backbone.name} + {cfg.pe.name}": result["curve"]}, out_dir / "accuracy_vs_length.png",
+                          task.train_len, task.unit, title=f"{task.name}: {cfg.run_name}")
+        print(f"accuracy vs {task.unit}: {out_dir / 'accuracy_vs_length.png'}")
+    if master and task is None and t.sample_tokens > 0 and steps > start_step:
         model.eval()
         prompt = torch.tensor([tok.encode(t.sample_prompt) or [tok.eot_id]], device=device)
         with autocast:
@@ -430,7 +487,9 @@ def cli(run_fn, config_name: str):
     """Hydra entry point shared with eval.py: bad input ends in one `error: ...` line and exit code 2."""
     import hydra
 
-    @hydra.main(config_path="conf", config_name=config_name, version_base="1.3")
+    # an absolute path: with the repo pip-installed, eval.py reaches this through the module `train`, and Hydra
+    # would read a relative config_path as a Python package
+    @hydra.main(config_path=str(Path(__file__).resolve().parent / "conf"), config_name=config_name, version_base="1.3")
     def _main(cfg):
         from data import ShardError
         try:

@@ -76,6 +76,23 @@ def read_shard(path: str | Path) -> np.ndarray:
     return np.memmap(path, dtype=h["dtype"], mode="r", offset=HEADER_BYTES, shape=(h["n_tokens"],))
 
 
+class EpochOrder:
+    """Global sample g -> item g % n of epoch g // n's permutation, drawn from (seed, epoch) alone."""
+
+    def __init__(self, n: int, seed: int = 0, shuffle: bool = True):
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self._epoch, self._perm = None, None
+
+    def __call__(self, g: int) -> int:
+        epoch, i = divmod(g, self.n)
+        if not self.shuffle:
+            return i
+        if self._epoch != epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            self._epoch = epoch
+        return int(self._perm[i])
+
+
 class TokenWindows:
     """Fixed-length windows of seq_len + 1 tokens over a list of shards, in a seeded order per epoch."""
 
@@ -97,20 +114,14 @@ class TokenWindows:
             total = sum(len(s) for s in self.shards)
             raise ShardError(f"{total} tokens in {len(paths)} shard(s) do not fill one window of {seq_len + 1} "
                              "tokens: lower model.seq_len or add data")
-        self._perm_epoch, self._perm = None, None
+        self.order = EpochOrder(len(self.index), seed, shuffle)
 
     def __len__(self):
         return len(self.index)
 
     def window(self, g: int) -> np.ndarray:
         """The window of global sample g (cycles through epochs, reshuffled each epoch)."""
-        epoch, i = divmod(g, len(self.index))
-        if self.shuffle:
-            if self._perm_epoch != epoch:
-                self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.index))
-                self._perm_epoch = epoch
-            i = self._perm[i]
-        shard, start = self.index[i]
+        shard, start = self.index[self.order(g)]
         return np.asarray(self.shards[shard][start:start + self.seq_len + 1], dtype=np.int64)
 
     def batch(self, sample_ids) -> tuple[torch.Tensor, torch.Tensor]:

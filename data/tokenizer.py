@@ -1,5 +1,6 @@
 """Tokenizers: `bpe` (a byte-level BPE trained locally with Hugging Face `tokenizers`, seconds on a CPU), `byte`
 (256 byte values + end-of-text), or any Hugging Face tokenizer by name or by local tokenizer.json path.
+`symbols` names the tokens of a synthetic task (data/tasks/): text is the names separated by spaces.
 The chosen tokenizer is serialised into every checkpoint, so evaluation and sampling never need the data again."""
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ class Tokenizer:
         if kind == "byte":
             self.vocab_size, self.eot_id = 257, 256
             return
+        if kind == "symbols":
+            self.names = json.loads(spec)
+            self._ids = {n: i for i, n in enumerate(self.names)}
+            self.vocab_size = len(self.names)
+            self.eot_id = next((self._ids[n] for n in ("<eos>", "<pad>") if n in self._ids), 0)
+            return
         from tokenizers import Tokenizer as HFTokenizer
         self._tok = HFTokenizer.from_str(spec)
         self.vocab_size = self._tok.get_vocab_size()
@@ -29,10 +36,16 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if self.kind == "byte":
             return list(text.encode("utf-8"))
+        if self.kind == "symbols":
+            bad = [w for w in text.split() if w not in self._ids]
+            if bad:
+                raise ValueError(f"unknown token(s) {bad[:5]}; this task's tokens are {self.names[:40]}"
+                                 + (" ..." if len(self.names) > 40 else ""))
+            return [self._ids[w] for w in text.split()]
         return self._tok.encode(text).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if self.kind == "byte":
+        if self.kind in ("byte", "symbols"):
             return [self.encode(t) for t in texts]
         return [e.ids for e in self._tok.encode_batch(texts)]
 
@@ -40,6 +53,8 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         if self.kind == "byte":
             return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        if self.kind == "symbols":
+            return " ".join(self.names[i] if i < len(self.names) else f"<{i}>" for i in ids)
         return self._tok.decode(ids)
 
     def to_dict(self) -> dict:

@@ -52,6 +52,8 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
         raise ConfigError(f"model.n_heads={h} does not divide model.d_model={d}; n_heads could be one of {divisors}")
     if scheme.kind == "rotary" and (d // h) % 2:
         raise ConfigError(f"pe={pname} rotates channel pairs: head_dim = d_model/n_heads = {d // h} must be even")
+    if model.get("head", "lm") not in ("auto", "lm", "compress"):
+        raise ConfigError(f"model.head={model['head']!r}; valid choices: ['auto', 'lm', 'compress']")
     unknown = set(model) - set(ModelConfig.__dataclass_fields__) - {"name"}
     if unknown:
         raise ConfigError(f"model: unknown option(s) {sorted(unknown)}; valid: {sorted(ModelConfig.__dataclass_fields__)}")
@@ -60,6 +62,8 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
 def build_model(backbone, pe, model, vocab_size: int) -> GPT:
     backbone, pe, model = _plain(backbone), _plain(pe), _plain(model)
     check_model_config(backbone, pe, model)
+    if model.get("head") == "auto":  # train.py resolves it from the data; text needs the LM head
+        model = {**model, "head": "lm"}
     cfg = ModelConfig(vocab_size=vocab_size, **{k: v for k, v in model.items() if k not in ("name", "vocab_size")})
     dims = Dims(cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.seq_len)
     mixer_cls = MIXERS[backbone["name"]]

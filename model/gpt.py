@@ -2,8 +2,11 @@
 
     x_0 = E[tokens] (+ absolute positional embedding) (-> RMSNorm if embed_norm, seed 003's extra norm)
     x_l = x_{l-1} + Mixer_l(RMSNorm(x_{l-1}))        token mixer: model/mixers/
-    x_l = x_l     + SwiGLU_l(RMSNorm(x_l))           SwiGLU(x) = (silu(x W_1) * x W_3) W_2
+    x_l = x_l     + SwiGLU_l(RMSNorm(x_l))           SwiGLU(x) = (silu(x W_1) * x W_3) W_2 (none if mlp_hidden=0)
     logits = RMSNorm(x_L) W_head                      (W_head = E if tie_embeddings)
+
+head=compress (MAD's compression task, an auto-encoder): every position t is decoded from the last state alone,
+    logits_t = RMSNorm(D(x_L[T-1] + PE_sin(t))) W_head,   D = (RMSNorm, Linear, GELU) twice
 
 Init (GPT-2 style): every Linear and Embedding ~ N(0, 0.02); projections that write into the residual stream
 (mixer outputs, SwiGLU W_2) ~ N(0, 0.02 / sqrt(2 n_layer)) so the residual variance does not grow with depth;
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .mixers.base import residual_linear
+from .pe.sinusoidal import sinusoid_table
 
 
 @dataclass
@@ -28,12 +32,13 @@ class ModelConfig:
     n_layer: int = 4
     d_model: int = 256
     n_heads: int = 4
-    mlp_hidden: int | None = None  # None: 8/3 d_model rounded up to a multiple of 64
+    mlp_hidden: int | None = None  # None: 8/3 d_model rounded up to a multiple of 64; 0: no MLP (Zoology's MQAR)
     seq_len: int = 256  # the training context (max positions of a learned embedding)
     tie_embeddings: bool = False
     embed_norm: bool = False
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    head: str = "lm"  # lm | compress
 
     def __post_init__(self):
         if self.mlp_hidden is None:
@@ -57,11 +62,11 @@ class Block(nn.Module):
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mixer = mixer
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden)
+        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden) if cfg.mlp_hidden else None
 
     def forward(self, x, cache=None):
         x = x + self.mixer(self.norm1(x), cache)
-        return x + self.mlp(self.norm2(x))
+        return x + self.mlp(self.norm2(x)) if self.mlp is not None else x
 
 
 @dataclass
@@ -85,6 +90,11 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(m, cfg) for m in mixers)
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.decoder = None
+        if cfg.head == "compress":
+            d = cfg.d_model
+            self.decoder = nn.Sequential(nn.RMSNorm(d, eps=cfg.norm_eps), nn.Linear(d, d), nn.GELU(),
+                                         nn.RMSNorm(d, eps=cfg.norm_eps), nn.Linear(d, d), nn.GELU())
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.reset_parameters()
@@ -110,6 +120,9 @@ class GPT(nn.Module):
             x = block(x, None if cache is None else cache.layers[i])
         if cache is not None:
             cache.offset += idx.shape[1]
+        if self.decoder is not None:
+            pos = sinusoid_table(torch.arange(x.shape[1], device=x.device), x.shape[-1]).to(x.dtype)
+            x = self.decoder(x[:, -1:] + pos)
         logits = self.lm_head(self.norm(x))
         loss = None
         if targets is not None:
@@ -121,6 +134,8 @@ class GPT(nn.Module):
                  generator: torch.Generator | None = None):
         """Prefill the prompt in one parallel call, then decode one token per call through each mixer's cache.
         temperature = 0 is greedy decoding."""
+        if self.decoder is not None:
+            raise ValueError("model.head=compress decodes a whole sequence from one state; it does not generate")
         cache = Cache(len(self.blocks))
         logits, _ = self(idx, cache=cache)
         out = [idx]

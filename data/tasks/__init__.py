@@ -1,0 +1,214 @@
+"""Synthetic tasks as data sources: `data=mqar`, `data=copying`, `data=parity|a3|s3`, `data=mad_<task>`.
+
+Every task is generated from `data.seed` alone (no downloads, nothing on disk) and becomes a TaskData:
+
+    train   Examples: inputs [N, T] and targets [N, T] (-1 = no loss there), read in a seeded order per epoch by the
+            same TrainBatches that reads text, so DDP, resume and gradient accumulation work unchanged
+    evals   EvalSets: blocks of equal-length examples, each adding points to the accuracy-vs-length curve
+    symbols the name of every token (a `symbols` tokenizer: eval.py samples from prompts like "b a c <copy>")
+
+Loss and accuracy count only positions whose target is >= 0. A task's `train_len` is the longest length (in the
+curve's unit: sequence, string or prefix length) seen in training; evaluation reports accuracy up to it
+(`val_acc`) and beyond it (`val_acc_extrap`), and the whole curve (out_dir/task_eval.json, accuracy_vs_length.png).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model.pe.base import ConfigError
+
+from ..shards import EpochOrder
+
+
+@dataclass
+class EvalSet:
+    inputs: np.ndarray  # [n, T]
+    targets: np.ndarray  # [n, T], -1: no loss, not scored
+    length: int  # the x of this set on the accuracy-vs-length curve (copying: string length; MQAR: sequence length)
+    per_position: bool = False  # state tracking: position t is the prefix of length t + 1, one curve point each
+    exact: bool = False  # copying: an example is right only if every scored token is
+
+
+@dataclass
+class TaskData:
+    name: str
+    train: "Examples"
+    evals: list[EvalSet]
+    symbols: list[str]
+    train_len: int
+    seq_len: int  # T of the training inputs
+    unit: str = "sequence length"  # the curve's x axis
+    head: str = "lm"  # lm: next-token logits at every position | compress: the sequence decoded from the last state
+    info: dict = field(default_factory=dict)
+
+
+class Examples:
+    """A fixed set of examples in a seeded order per epoch: the contract of data.shards.TokenWindows."""
+
+    def __init__(self, inputs: np.ndarray, targets: np.ndarray, seed: int = 0, shuffle: bool = True):
+        assert inputs.shape == targets.shape and inputs.ndim == 2
+        self.inputs, self.targets = inputs, targets
+        self.order = EpochOrder(len(inputs), seed, shuffle)
+
+    def __len__(self):
+        return len(self.inputs)
+
+    def batch(self, sample_ids):
+        idx = np.array([self.order(int(g)) for g in sample_ids])
+        return (torch.from_numpy(self.inputs[idx].astype(np.int64)),
+                torch.from_numpy(self.targets[idx].astype(np.int64)))
+
+
+def compact(a: np.ndarray) -> np.ndarray:
+    """The smallest signed integer type holding a (targets use -1)."""
+    for t in (np.int8, np.int16, np.int32):
+        if a.size == 0 or (a.min() >= np.iinfo(t).min and a.max() <= np.iinfo(t).max):
+            return a.astype(t)
+    return a.astype(np.int64)
+
+
+def options(cfg: dict, fn, what: str) -> dict:
+    """The config's options for generator `fn` (its keyword-only parameters); unknown keys are an error."""
+    params = inspect.signature(fn).parameters
+    valid = {p for p, v in params.items() if v.kind == inspect.Parameter.KEYWORD_ONLY}
+    given = {k: v for k, v in cfg.items() if k not in ("name", "cache_dir")}
+    unknown = sorted(set(given) - valid)
+    if unknown:
+        raise ConfigError(f"data={what}: unknown option(s) {unknown}; valid options: {sorted(valid)}")
+    return given
+
+
+def rng_for(seed: int, split: str, *more: int) -> np.random.Generator:
+    """Independent streams per split (and per eval block): the train and test examples never share draws."""
+    return np.random.default_rng([seed, {"train": 0, "test": 1, "map": 2}[split], *more])
+
+
+# --------------------------------------------------------------------------------------------------- registry
+def _registry():
+    from . import copying, mad, mqar, state_tracking
+    return {"mqar": mqar.build, "copying": copying.build, "state_tracking": state_tracking.build, "mad": mad.build}
+
+
+def is_task(data_cfg) -> bool:
+    return dict(data_cfg).get("name") in _registry()
+
+
+def build(data_cfg) -> TaskData:
+    cfg = dict(data_cfg)
+    return _registry()[cfg["name"]](cfg)
+
+
+# ------------------------------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, rank: int = 0, world: int = 1) -> dict:
+    """Loss and accuracy on every eval set (examples split across ranks, summed with all_reduce).
+
+    Returns val_loss, val_acc (lengths <= train_len), val_acc_extrap (lengths > train_len, if any) and
+    curve {length: accuracy}."""
+    was_training = model.training
+    model.eval()
+    autocast = autocast or nullcontext()
+    points = sorted({p for s in task.evals for p in (range(1, s.inputs.shape[1] + 1) if s.per_position else [s.length])})
+    col = {p: i for i, p in enumerate(points)}
+    tally = torch.zeros(len(points), 2, dtype=torch.float64, device=device)  # [right, total] per curve point
+    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of token losses, scored tokens]
+    for s in task.evals:
+        ids = np.arange(len(s.inputs))[rank::world]
+        for i in range(0, len(ids), micro_batch):
+            b = ids[i:i + micro_batch]
+            x = torch.from_numpy(s.inputs[b].astype(np.int64)).to(device)
+            y = torch.from_numpy(s.targets[b].astype(np.int64)).to(device)
+            with autocast:
+                logits, _ = model(x)
+            logits = logits.float()
+            mask = y >= 0
+            loss_sum[0] += F.cross_entropy(logits.transpose(1, 2), y.clamp(min=0), reduction="none")[mask].sum()
+            loss_sum[1] += mask.sum()
+            right = (logits.argmax(-1) == y) & mask
+            if s.per_position:
+                idx = torch.tensor([col[p] for p in range(1, y.shape[1] + 1)], device=device)
+                tally[:, 0].index_add_(0, idx, right.sum(0).double())
+                tally[:, 1].index_add_(0, idx, mask.sum(0).double())
+            elif s.exact:
+                ok = (right.sum(1) == mask.sum(1)) & (mask.sum(1) > 0)
+                tally[col[s.length]] += torch.stack([ok.sum(), torch.tensor(len(b), device=device)]).double()
+            else:
+                tally[col[s.length]] += torch.stack([right.sum(), mask.sum()]).double()
+    if world > 1:
+        import torch.distributed as dist
+        dist.all_reduce(tally)
+        dist.all_reduce(loss_sum)
+    if was_training:
+        model.train()
+    tally, loss_sum = tally.cpu().numpy(), loss_sum.cpu().numpy()
+    keep = tally[:, 1] > 0
+    curve = {p: float(tally[i, 0] / tally[i, 1]) for i, p in enumerate(points) if keep[i]}
+    lengths = np.array(points)
+    inside, outside = keep & (lengths <= task.train_len), keep & (lengths > task.train_len)
+    out = {"val_loss": float(loss_sum[0] / max(loss_sum[1], 1)),
+           "val_acc": float(tally[inside, 0].sum() / max(tally[inside, 1].sum(), 1)) if inside.any() else None}
+    if outside.any():
+        out["val_acc_extrap"] = float(tally[outside, 0].sum() / tally[outside, 1].sum())
+    out["curve"] = curve
+    return out
+
+
+def log_points(curve: dict, train_len: int) -> dict:
+    """A few `val_acc@L` numbers for the training log and wandb. A long per-position curve is averaged over
+    buckets (L - train_len/2, L]; a short curve is logged as it is."""
+    if len(curve) <= 16:
+        return {f"val_acc@{p}": a for p, a in curve.items()}
+    step = max(1, train_len // 2)
+    out, top = {}, max(curve)
+    for end in range(step, top + step, step):
+        vals = [a for p, a in curve.items() if end - step < p <= end]
+        if vals:
+            out[f"val_acc@{min(end, top)}"] = float(np.mean(vals))
+    return out
+
+
+def plot_curves(curves: dict, path, train_len: int | None, unit: str, title: str = "") -> None:
+    """Accuracy vs length, one line per label, the training length dashed (the seed's figures). Without
+    matplotlib (a bare GPU image) it says so and draws nothing: task_eval.json holds the curve."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: no {path} (task_eval.json has the numbers)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    for label, curve in curves.items():
+        xs = sorted(int(p) for p in curve)
+        ax.plot(xs, [curve[x] if x in curve else curve[str(x)] for x in xs], label=label,
+                marker="o" if len(xs) <= 24 else None, markersize=3)
+    if train_len:
+        ax.axvline(train_len, color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_result(path, result: dict) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)

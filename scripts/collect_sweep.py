@@ -1,0 +1,173 @@
+"""Collect a synthetic-task sweep into one table and one figure, best over the optimiser settings.
+
+    python scripts/collect_sweep.py outputs/multirun/2026-11-22_10-00-00 [more sweep dirs] [--out DIR] [--metric val_acc]
+
+Reads every <dir>/**/task_eval.json that train.py writes at the end of a task run. Runs that differ only in the
+optimiser (optim.lr, optim.weight_decay, ...) are one cell; the cell reports the best of them by --metric (seed 004's
+"best over learning rates"). Rows are models (backbone + positional scheme with its non-default flags, and any other
+model/backbone field the sweep varies); columns are task settings (the task and any data field the sweep varies).
+Writes results.md, results.csv and results.png (accuracy vs length of each cell's best run) to --out (default: the
+first sweep dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+IGNORED = {"cache_dir"}
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+def pe_label(pe: dict) -> str:
+    """The scheme's name and the options it sets away from conf/pe/<name>.yaml."""
+    path = ROOT / "conf" / "pe" / f"{pe['name']}.yaml"
+    base = yaml.safe_load(path.read_text()) if path.exists() else {}
+    base = {k: v for k, v in (base or {}).items() if k != "defaults"}
+    changed = [k if v is True else f"{k}={v}" for k, v in pe.items() if k != "name" and k in base and base[k] != v]
+    return pe["name"] + (f"({', '.join(changed)})" if changed else "")
+
+
+def load(dirs) -> list[dict]:
+    runs = []
+    for d in dirs:
+        for f in sorted(Path(d).rglob("task_eval.json")):
+            r = json.loads(f.read_text())
+            r["dir"] = str(f.parent)
+            runs.append(r)
+    if not runs:
+        raise SystemExit(f"no task_eval.json under {', '.join(map(str, dirs))}: did the sweep's runs finish?")
+    return runs
+
+
+def varying(runs, prefix: str) -> list[str]:
+    """Config keys under prefix that take more than one value across the runs."""
+    values = defaultdict(set)
+    for r in runs:
+        for k, v in flatten(r["config"].get(prefix, {}), prefix + ".").items():
+            values[k].add(str(v))
+    return sorted(k for k, v in values.items() if len(v) > 1 and k.split(".")[-1] not in IGNORED)
+
+
+def collect(runs, metric: str):
+    row_keys = [k for k in varying(runs, "model") + varying(runs, "backbone") if k not in ("model.seq_len",)]
+    col_keys = varying(runs, "data")
+    seed_varies = len({r["config"]["seed"] for r in runs}) > 1
+    cells = defaultdict(list)
+    for r in runs:
+        c = r["config"]
+        flat = {**flatten(c["model"], "model."), **flatten(c["backbone"], "backbone."), **flatten(c["data"], "data.")}
+        row = " ".join([f"{c['backbone']['name']} + {pe_label(c['pe'])}"] + [f"{k.split('.', 1)[1]}={flat[k]}"
+                                                                          for k in row_keys if k != "backbone.name"])
+        if seed_varies:
+            row += f" seed={c['seed']}"
+        col = " ".join([r["task"]] + [f"{k.split('.', 1)[1]}={flat[k]}" for k in col_keys if k != "data.name"])
+        cells[(row, col)].append(r)
+    best = {}
+    for key, rs in cells.items():
+        def score(r):
+            v = r.get(metric)
+            return -math.inf if v is None else v
+        best[key] = max(rs, key=score)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--metric", default="val_acc", help="what 'best' maximises: val_acc (default) or val_acc_extrap")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    runs = load(args.dirs)
+    best = collect(runs, args.metric)
+    rows = sorted({r for r, _ in best})
+    cols = sorted({c for _, c in best})
+    out = Path(args.out or args.dirs[0])
+    out.mkdir(parents=True, exist_ok=True)
+
+    def fmt(r, key):
+        v = r.get(key)
+        return "-" if v is None else f"{100 * v:.1f}"
+
+    extrap = any(r.get("val_acc_extrap") is not None for r in best.values())
+    lines = [f"Best over optimiser settings by {args.metric}; accuracy in % up to the training length"
+             + (" / beyond it" if extrap else "") + f" ({len(runs)} runs).", "",
+             "| model | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    table = []
+    for row in rows:
+        cells = []
+        for col in cols:
+            r = best.get((row, col))
+            if r is None:
+                cells.append("")
+                continue
+            lr = r["config"]["optim"]["lr"]
+            text = fmt(r, "val_acc") + (f" / {fmt(r, 'val_acc_extrap')}" if extrap else "")
+            cells.append(f"{text} (lr {lr:g})")
+            table.append({"model": row, "task": col, "val_acc": r.get("val_acc"), "val_acc_extrap": r.get("val_acc_extrap"),
+                          "val_loss": r.get("val_loss"), "lr": lr, "weight_decay": r["config"]["optim"]["weight_decay"],
+                          "dir": r["dir"]})
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (out / "results.md").write_text(text)
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no results.png")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = len(cols)
+    ncol = min(n, 3)
+    nrow = math.ceil(n / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.4 * nrow), dpi=120, squeeze=False)
+    for ax, col in zip(axes.flat, cols):
+        train_len, unit = None, ""
+        for row in rows:
+            r = best.get((row, col))
+            if r is None:
+                continue
+            xs = sorted(int(p) for p in r["curve"])
+            ax.plot(xs, [r["curve"][str(x)] for x in xs], label=row, marker="o" if len(xs) <= 24 else None,
+                    markersize=3)
+            train_len, unit = r["train_len"], r["unit"]
+        if train_len:
+            ax.axvline(train_len, color="gray", linestyle="--", linewidth=1)
+        ax.set_title(col, fontsize=9)
+        ax.set_xlabel(unit)
+        ax.set_ylabel("accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out / "results.png")
+    print(f"wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'results.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""Synthetic tasks (data/tasks/): generators checked against independent computations, determinism, no leakage,
+the accuracy metric, and training through train.py / eval.py / a sweep as a user runs them."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, compose
+
+from data import Tokenizer, tasks
+from data.tasks import copying, mad, mqar, state_tracking
+from model import ConfigError, build_model
+from model.gpt import GPT
+
+SMALL = {"train_examples": 64, "test_examples": 16}
+
+
+def build(name, **over):
+    cfg = {**compose([f"data={name}"]).data, **SMALL, **over}
+    return tasks.build(cfg)
+
+
+# ------------------------------------------------------------------------------------------------- MQAR
+def test_mqar_layout_and_no_leakage():
+    V, T, K = 64, 48, 6
+    x, y = mqar.generate(np.random.default_rng(0), 200, T, K, V, power_a=0.01, random_non_queries=False)
+    assert x.shape == y.shape == (200, T)
+    for row_x, row_y in zip(x, y):
+        keys, values = row_x[0:2 * K:2], row_x[1:2 * K:2]
+        assert len(set(keys)) == K and len(set(values)) == K
+        assert ((1 <= keys) & (keys < V // 2)).all() and ((V // 2 <= values) & (values < V)).all()
+        scored = np.flatnonzero(row_y >= 0)
+        assert len(scored) == K and (scored >= 2 * K).all() and (scored % 2 == 0).all()
+        kv = dict(zip(keys, values))
+        for t in scored:
+            assert row_x[t] in kv and row_y[t] == kv[row_x[t]]  # the query is a key, the answer its value
+            # the answer is only in the context, right after its key: nowhere from the query on, nowhere else
+            where = np.flatnonzero(row_x == row_y[t])
+            assert len(where) == 1 and where[0] < 2 * K and row_x[where[0] - 1] == row_x[t]
+        rest = np.setdiff1d(np.arange(2 * K, T), scored)
+        assert (row_x[rest] == 0).all()
+
+
+def test_mqar_power_law_gaps_and_random_fill():
+    def mean_gap(a):
+        _, y = mqar.generate(np.random.default_rng(1), 400, 256, 4, 1024, power_a=a, random_non_queries=False)
+        return np.mean([np.flatnonzero(r >= 0).mean() for r in y])
+    assert mean_gap(0.01) < mean_gap(1.0) - 30  # small a puts queries near the pairs; a = 1 is uniform
+    x, _ = mqar.generate(np.random.default_rng(2), 50, 64, 4, 256, power_a=0.01, random_non_queries=True)
+    assert len(np.unique(x[:, 8:])) > 100
+
+
+def test_tasks_are_deterministic_by_seed_and_split():
+    for name in ("mqar", "copying", "parity", "mad_in_context_recall", "mad_memorization"):
+        a, b, c = build(name), build(name), build(name, seed=7)
+        assert np.array_equal(a.train.inputs, b.train.inputs) and np.array_equal(a.train.targets, b.train.targets)
+        assert not np.array_equal(a.train.inputs, c.train.inputs), name
+        n = min(len(a.train.inputs), len(a.evals[0].inputs))
+        w = min(a.train.inputs.shape[1], a.evals[0].inputs.shape[1])
+        assert not np.array_equal(a.train.inputs[:n, :w], a.evals[0].inputs[:n, :w]), name  # train != test draws
+
+
+def test_examples_order_is_a_function_of_the_sample_index():
+    t = build("parity", train_examples=10)
+    first = [t.train.batch([g])[0] for g in range(10)]
+    assert sorted(int((t.train.inputs == f.numpy()).all(1).nonzero()[0][0]) for f in first) == list(range(10))
+    x1, _ = t.train.batch(range(12, 20))
+    x2, _ = build("parity", train_examples=10).train.batch(range(12, 20))
+    assert torch.equal(x1, x2)
+
+
+# ---------------------------------------------------------------------------------------------- copying
+def test_copying_targets_are_the_string_then_eos():
+    V = 26
+    lengths = np.array([2, 5, 17, 40])
+    x, y = copying.generate(np.random.default_rng(0), lengths, V, 90)
+    bos, cp, eos, pad = V, V + 1, V + 2, V + 3
+    for L, row_x, row_y in zip(lengths, x, y):
+        s = row_x[1:L + 1]
+        assert row_x[0] == bos and row_x[L + 1] == cp and (s < V).all()
+        assert list(row_x[L + 2:2 * L + 2]) == list(s) and (row_x[2 * L + 3:] == pad).all()
+        scored = np.flatnonzero(row_y >= 0)
+        assert list(scored) == list(range(L + 1, 2 * L + 2))
+        assert list(row_y[scored]) == list(s) + [eos]
+    t = build("copying")
+    assert [e.length for e in t.evals] == list(compose(["data=copying"]).data.eval_lengths)
+    assert all(e.exact and e.inputs.shape[1] == 2 * e.length + 2 for e in t.evals)
+    assert t.train.inputs.shape[1] == 130 and t.train_len == 64
+    with pytest.raises(ConfigError, match="seq_len must be >= 2 max_len"):
+        build("copying", seq_len=100)
+
+
+# ------------------------------------------------------------------------------------------- state tracking
+def _compose(p, q):
+    return tuple(p[q[i]] for i in range(len(p)))
+
+
+@pytest.mark.parametrize("group,order", [("S2", 2), ("A3", 3), ("S3", 6)])
+def test_state_tracking_labels_match_permutation_products(group, order):
+    el = state_tracking.elements(group)
+    assert len(el) == order and el[0] == tuple(range(len(el[0])))
+    mul = state_tracking.table(group)
+    for a, b, c in itertools.product(range(order), repeat=3):  # a group: associative, identity first
+        assert mul[mul[a, b], c] == mul[a, mul[b, c]]
+    assert (mul[0] == np.arange(order)).all()
+    x, s = state_tracking.generate(np.random.default_rng(3), 20, 40, group)
+    for row_x, row_s in zip(x, s):
+        state = el[row_x[0]]
+        assert el[row_s[0]] == state
+        for t in range(1, 40):  # apply each permutation after the previous ones, on explicit tuples
+            state = _compose(el[row_x[t]], state)
+            assert el[row_s[t]] == state
+    if group == "S2":
+        assert (s == np.cumsum(x, 1) % 2).all()  # parity of the number of swaps
+
+
+def test_state_tracking_configs():
+    for name, group in (("parity", "S2"), ("a3", "A3"), ("s3", "S3")):
+        t = build(name)
+        assert t.train.inputs.shape == (64, 128) and t.evals[0].inputs.shape == (16, 512)
+        assert t.evals[0].per_position and len(t.symbols) == len(state_tracking.elements(group))
+    with pytest.raises(ConfigError, match="valid choices"):
+        tasks.build({"name": "state_tracking", "group": "S4"})
+    with pytest.raises(ConfigError, match="unknown option"):
+        tasks.build({"name": "state_tracking", "grup": "S3"})
+
+
+# ---------------------------------------------------------------------------------------------------- MAD
+def test_mad_in_context_and_noisy_recall_score_repeated_keys():
+    for name in ("mad_in_context_recall", "mad_noisy_in_context_recall"):
+        cfg = compose([f"data={name}"]).data
+        t = build(name)
+        ns = cfg.vocab_size - cfg.noise_vocab_size
+        x, y = t.evals[0].inputs.astype(int), t.evals[0].targets.astype(int)
+        tx, ty = t.train.inputs.astype(int), t.train.targets.astype(int)
+        assert (ty[:, :-1] == tx[:, 1:]).all()  # training: next-token loss everywhere (MAD)
+        for row_x, row_y in zip(x, y):
+            seen = {}
+            for i in range(0, len(row_x) - 1, 2):  # pairs (k, v) at even positions
+                k, v = row_x[i], row_x[i + 1]
+                if k >= ns:  # a noise slot: two noise tokens, never scored
+                    assert row_x[i + 1] >= ns and row_y[i] == -1
+                    continue
+                assert k < ns // 2 <= v < ns
+                assert row_y[i] == (v if k in seen else -1)  # scored at the key: the value comes next
+                assert seen.setdefault(k, v) == v  # a key keeps its value
+            assert row_y[-1] == seen[row_x[-1]]  # the final probe asks a key seen before
+        assert (y >= 0).sum(1).min() >= 1
+
+
+def test_mad_fuzzy_recall_probe_is_planted_and_asked():
+    t = build("mad_fuzzy_in_context_recall", test_examples=40)
+    x, y = t.evals[0].inputs.astype(int), t.evals[0].targets.astype(int)
+    k = 3  # test keys are k_motif_size long
+    for row_x, row_y in zip(x, y):
+        scored = np.flatnonzero(row_y >= 0)
+        assert len(scored) >= 1
+        tail = scored[scored >= len(row_x) - 3 - 1]
+        v_probe = row_y[tail]
+        first = tail[0]
+        key = row_x[first - k + 1:first + 1]  # the probe key ends where the probe value's first target sits
+        seq = list(row_x)
+        found = [i for i in range(first - k) if seq[i:i + k] == list(key) and seq[i + k:i + k + len(v_probe)] == list(v_probe)]
+        assert found, (row_x, row_y)
+
+
+def test_mad_selective_copying_compression_memorization():
+    t = build("mad_selective_copying")
+    V, m = 16, 16
+    for row_x, row_y in zip(t.train.inputs.astype(int), t.train.targets.astype(int)):
+        copy_at = int(np.flatnonzero(row_x == V - 1)[0])
+        tokens = row_x[:copy_at][row_x[:copy_at] != V - 2]
+        assert len(tokens) == m and list(row_y[-m:]) == list(tokens) and (row_y[:-m] == -1).all()
+    t = build("mad_compression")
+    assert t.head == "compress" and (t.train.inputs == t.train.targets).all() and (t.train.inputs[:, -1] == 15).all()
+    t = build("mad_memorization")
+    x = np.concatenate([t.train.inputs, t.evals[0].inputs]).astype(int)
+    y = np.concatenate([t.train.targets, t.evals[0].targets]).astype(int)
+    keys, vals = x[:, 0::2].ravel(), y[:, 1::2].ravel()
+    assert (x[:, 1::2] == 255).all() and (y[:, 0::2] == -1).all()
+    mapping = {}
+    for k, v in zip(keys, vals):
+        assert mapping.setdefault(k, v) == v  # one fixed map across all examples, train and test
+    assert not set(vals) & set(x.ravel())  # values are never shown: they must be memorised
+    with pytest.raises(ConfigError, match="valid MAD tasks"):
+        tasks.build({"name": "mad", "task": "recall"})
+
+
+# ------------------------------------------------------------------------------------------------- metric
+class Oracle(torch.nn.Module):
+    """Logits that put all mass on the target (or on `wrong` where `bad(t, length)` holds)."""
+
+    def __init__(self, lookup, vocab, bad=lambda pos: False):
+        super().__init__()
+        self.lookup, self.vocab, self.bad = lookup, vocab, bad
+
+    def forward(self, x):
+        y = self.lookup[tuple(map(tuple, x.tolist()))]
+        pred = y.clamp(min=0).clone()
+        pos = torch.arange(x.shape[1]).expand_as(pred)
+        pred[self.bad(pos)] = (pred[self.bad(pos)] + 1) % self.vocab
+        return torch.nn.functional.one_hot(pred, self.vocab).float() * 10, None
+
+
+def _oracle(task, bad=lambda pos: torch.zeros_like(pos, dtype=torch.bool)):
+    table = {}
+    for s in task.evals:
+        for b in range(0, len(s.inputs), 8):
+            xs = torch.from_numpy(s.inputs[b:b + 8].astype(np.int64))
+            table[tuple(map(tuple, xs.tolist()))] = torch.from_numpy(s.targets[b:b + 8].astype(np.int64))
+    return Oracle(table, len(task.symbols), bad)
+
+
+def test_evaluate_curves():
+    t = build("parity")
+    m = tasks.evaluate(_oracle(t), t, 8, "cpu")
+    assert m["val_acc"] == 1.0 and m["val_acc_extrap"] == 1.0 and sorted(m["curve"]) == list(range(1, 513))
+    m = tasks.evaluate(_oracle(t, bad=lambda pos: pos >= 200), t, 8, "cpu")  # wrong from prefix length 201 on
+    assert m["val_acc"] == 1.0 and m["curve"][200] == 1.0 and m["curve"][201] == 0.0
+    assert m["val_acc_extrap"] == pytest.approx(72 / 384)
+    pts = tasks.log_points(m["curve"], 128)
+    assert list(pts) == [f"val_acc@{n}" for n in range(64, 513, 64)] and pts["val_acc@192"] == 1.0
+    t = build("copying", eval_lengths=[8, 100])  # exact match: one wrong token fails the whole string
+    m = tasks.evaluate(_oracle(t, bad=lambda pos: pos == 150), t, 8, "cpu")
+    assert m["curve"] == {8: 1.0, 100: 0.0} and m["val_acc"] == 1.0 and m["val_acc_extrap"] == 0.0
+
+
+def test_symbols_tokenizer_and_heads():
+    tok = Tokenizer("symbols", json.dumps(copying.symbols(26)))
+    ids = tok.encode("<bos> h i <copy>")
+    assert ids == [26, 7, 8, 27] and tok.decode(ids) == "<bos> h i <copy>"
+    assert Tokenizer.from_dict(tok.to_dict()).encode("a") == [0]
+    with pytest.raises(ValueError, match="unknown token"):
+        tok.encode("<bos> H")
+    cfg = compose(["task=mad", "data=mad_compression", "backbone=gla", "pe=nope"])
+    model = build_model(cfg.backbone, cfg.pe, {**cfg.model, "head": "compress", "mlp_hidden": 0}, 64)
+    x = torch.randint(0, 16, (2, 12))
+    logits, loss = model(x, x)
+    assert logits.shape == (2, 12, 64) and torch.isfinite(loss)
+    x2 = x.clone()
+    x2[:, :-1] = torch.randint(0, 16, (2, 11))  # only the last state is decoded, but it depends on everything
+    assert not torch.allclose(model(x2)[0], logits)
+    assert not any("mlp" in n for n, _ in model.named_parameters())
+    with pytest.raises(ValueError, match="does not generate"):
+        model.generate(x, 2)
+
+
+# -------------------------------------------------------------------------------------------- end to end
+def test_config_errors():
+    import train as train_lib
+    with pytest.raises(ConfigError, match="set model.seq_len=128"):
+        train_lib.check_config(compose(["data=parity", "model.seq_len=64"]))
+    with pytest.raises(ConfigError, match="train.epochs counts passes"):
+        train_lib.check_config(compose(["train.epochs=3"]))
+    with pytest.raises(ConfigError, match="batch_size=32 is not a multiple"):
+        train_lib.check_config(compose(["task=mqar", "train.batch_size=32", "train.micro_batch=24"]))
+    for name in ("mqar", "copying", "state_tracking", "mad"):
+        train_lib.check_config(compose([f"task={name}"]))
+    for sweep in sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")):
+        train_lib.check_config(compose([f"sweep={sweep}"]))
+
+
+def test_easy_mqar_is_learned_and_evaluated(tmp_path):
+    """A 2-layer attention model learns an easy MQAR (8 pairs of a 64-token vocabulary: chance 1/32) far above
+    chance in a short CPU run; the run logs accuracy, writes task_eval.json and the plot, and eval.py re-scores
+    the checkpoint at other settings."""
+    import eval as eval_lib
+    import train as train_lib
+    over = ["task=mqar", "backbone=transformer", "pe=rope", f"out_dir={tmp_path}", "data.vocab_size=64",
+            "data.seq_len=32", "data.num_kv_pairs=4", "data.train_examples=4000", "data.test_examples=256",
+            "model.d_model=64", "train.epochs=null", "train.steps=500", "train.batch_size=64", "train.micro_batch=64",
+            "train.eval_interval=500", "train.log_interval=50", "optim.lr=3e-3", "optim.warmup=0.05",
+            "logger.mode=disabled", "train.progress=false", "train.device=cpu"]
+    result = train_lib.run(compose(over))
+    assert result["val_acc"] > 0.4, result["val_acc"]  # chance: 1/32
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["val_acc"] == result["val_acc"] and "val_acc@32" in rows[-1]
+    saved = json.loads((tmp_path / "task_eval.json").read_text())
+    assert saved["task"] == "mqar" and saved["curve"] == {"32": result["val_acc"]}
+    assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 1000
+    cfg = compose([f"ckpt={tmp_path}", "mode=task", "+data_overrides.test=[[32,4],[64,4]]",
+                   "+data_overrides.test_examples=64", "device=cpu", f"plot={tmp_path}/e.png"], "eval")
+    out = eval_lib.run(cfg)
+    assert set(out["curve"]) == {"32", "64"} and out["val_acc"] > 0.5 and (tmp_path / "e.png").exists()
+
+
+@pytest.mark.slow
+def test_sweep_then_collect(tmp_path):
+    """`python train.py -m sweep=parity` (made tiny) and scripts/collect_sweep.py's table, CSV and figure."""
+    tiny = ["train.steps=3", "data.train_examples=64", "data.test_examples=8", "model.d_model=32",
+            "train.batch_size=8", "train.micro_batch=8", "logger.mode=disabled", "train.progress=false",
+            "train.device=cpu", "data.eval_len=160"]
+    r = subprocess.run([sys.executable, "train.py", "-m", "sweep=parity", "backbone=gla", "pe=nope,selective_rope",
+                        "optim.lr=1e-3,3e-3", f"hydra.sweep.dir={tmp_path}/sw", *tiny], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(list((tmp_path / "sw").glob("*/task_eval.json"))) == 4
+    r = subprocess.run([sys.executable, "scripts/collect_sweep.py", str(tmp_path / "sw")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    table = (tmp_path / "sw" / "results.md").read_text()
+    assert "| gla + nope |" in table and "| gla + selective_rope |" in table and "(lr " in table
+    assert (tmp_path / "sw" / "results.png").stat().st_size > 1000
+    assert len((tmp_path / "sw" / "results.csv").read_text().splitlines()) == 3
