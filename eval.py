@@ -80,9 +80,7 @@ def task_accuracy(model, ckpt, cfg, device, autocast) -> dict:
     result = tasks.evaluate(model, task, cfg.micro_batch, device, autocast)
     curve = result["curve"]
     shown = tasks.log_points(curve, task.train_len)
-    extrap = f" | beyond {task.train_len}: {result['val_acc_extrap']:.4f}" if "val_acc_extrap" in result else ""
-    acc = f"{result['val_acc']:.4f}" if result["val_acc"] is not None else "-"
-    print(f"task {task.name} | loss {result['val_loss']:.4f} | accuracy up to {task.unit} {task.train_len}: {acc}{extrap}")
+    print(f"task {task.name} (trained to {task.unit} {task.train_len}) | {tasks.summary(result, task)}")
     print("  ".join(f"{k.split('@')[1]}: {v:.3f}" for k, v in shown.items()))
     run_dir = resolve_ckpt(cfg.ckpt).parent.parent
     plot = Path(cfg.plot) if cfg.plot else run_dir / "eval_accuracy_vs_length.png"

@@ -193,7 +193,7 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
                               "(or resume=never in an empty one)")
     for key in ("global_batch_tokens", "batch_size"):
         if ckpt_cfg["train"].get(key) != cfg.train.get(key):
-            raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'][key]}, now {cfg.train[key]} "
+            raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'].get(key)}, now {cfg.train.get(key)} "
                               "(the data position is counted in global batches)")
 
 
@@ -444,9 +444,7 @@ def run(cfg) -> dict:
             logger.log({"step": done, **{k: v for k, v in m.items() if k != "curve"},
                         **tasks.log_points(m["curve"], task.train_len)})
             if master:
-                extrap = f" | acc beyond {task.train_len} {m['val_acc_extrap']:.4f}" if "val_acc_extrap" in m else ""
-                acc = f"{m['val_acc']:.4f}" if m["val_acc"] is not None else "-"
-                bar.write(f"step {done:6d} | val loss {m['val_loss']:.4f} | acc {acc}{extrap}")
+                bar.write(f"step {done:6d} | {tasks.summary(m, task)}")
             result.update(m)
             t_last = time.perf_counter()
         elif done % t.eval_interval == 0 or done == steps:

@@ -99,7 +99,7 @@ class TokenWindows:
     def __init__(self, paths, seq_len: int, vocab_size: int | None = None, seed: int = 0, shuffle: bool = True):
         if not paths:
             raise ShardError("no shards given")
-        self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
+        self.seq_len = seq_len
         self.shards, starts = [], []
         for i, p in enumerate(paths):
             h = read_header(p)

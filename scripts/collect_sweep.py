@@ -16,12 +16,15 @@ import argparse
 import csv
 import json
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from data import tasks  # noqa: E402
 IGNORED = {"cache_dir"}
 
 
@@ -145,23 +148,9 @@ def main():
     nrow = math.ceil(n / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.4 * nrow), dpi=120, squeeze=False)
     for ax, col in zip(axes.flat, cols):
-        train_len, unit = None, ""
-        for row in rows:
-            r = best.get((row, col))
-            if r is None:
-                continue
-            xs = sorted(int(p) for p in r["curve"])
-            ax.plot(xs, [r["curve"][str(x)] for x in xs], label=row, marker="o" if len(xs) <= 24 else None,
-                    markersize=3)
-            train_len, unit = r["train_len"], r["unit"]
-        if train_len:
-            ax.axvline(train_len, color="gray", linestyle="--", linewidth=1)
-        ax.set_title(col, fontsize=9)
-        ax.set_xlabel(unit)
-        ax.set_ylabel("accuracy")
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        runs = {row: best[(row, col)] for row in rows if (row, col) in best}
+        first = next(iter(runs.values()))
+        tasks.draw_curves(ax, {row: r["curve"] for row, r in runs.items()}, first["train_len"], first["unit"], col)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.tight_layout()

@@ -176,21 +176,13 @@ def log_points(curve: dict, train_len: int) -> dict:
     return out
 
 
-def plot_curves(curves: dict, path, train_len: int | None, unit: str, title: str = "") -> None:
-    """Accuracy vs length, one line per label, the training length dashed (the seed's figures). Without
-    matplotlib (a bare GPU image) it says so and draws nothing: task_eval.json holds the curve."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"matplotlib is not installed: no {path} (task_eval.json has the numbers)")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+def draw_curves(ax, curves: dict, train_len: int | None, unit: str, title: str = "") -> None:
+    """Accuracy vs length on one matplotlib axis, a line per label, the training length dashed (the seed's figures).
+    Curve keys may be ints or the strings JSON made of them."""
     for label, curve in curves.items():
-        xs = sorted(int(p) for p in curve)
-        ax.plot(xs, [curve[x] if x in curve else curve[str(x)] for x in xs], label=label,
-                marker="o" if len(xs) <= 24 else None, markersize=3)
+        points = sorted((int(p), a) for p, a in curve.items())
+        ax.plot([p for p, _ in points], [a for _, a in points], label=label,
+                marker="o" if len(points) <= 24 else None, markersize=3)
     if train_len:
         ax.axvline(train_len, color="gray", linestyle="--", linewidth=1)
     ax.set_xlabel(unit)
@@ -199,12 +191,33 @@ def plot_curves(curves: dict, path, train_len: int | None, unit: str, title: str
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def plot_curves(curves: dict, path, train_len: int | None, unit: str, title: str = "") -> None:
+    """One figure of draw_curves, written atomically. Without matplotlib (a bare GPU image) it says so and draws
+    nothing: task_eval.json holds the curve."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: no {path} (task_eval.json has the numbers)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    draw_curves(ax, curves, train_len, unit, title)
     fig.tight_layout()
     path = Path(path)
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp)
     plt.close(fig)
     tmp.replace(path)
+
+
+def summary(m: dict, task: TaskData) -> str:
+    """`loss L | acc A | acc beyond N B`: the line train.py and eval.py print after an evaluation."""
+    acc = f"{m['val_acc']:.4f}" if m["val_acc"] is not None else "-"
+    extrap = f" | acc beyond {task.train_len} {m['val_acc_extrap']:.4f}" if "val_acc_extrap" in m else ""
+    return f"val loss {m['val_loss']:.4f} | acc {acc}{extrap}"
 
 
 def write_result(path, result: dict) -> None:
