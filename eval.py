@@ -1,22 +1,31 @@
-"""Evaluate a checkpoint. Its saved config rebuilds the model and tokenizer; this file's own config (conf/eval.yaml)
-says what to measure.
+"""Evaluate checkpoints. A checkpoint's saved config rebuilds its model and tokenizer; this file's own config
+(conf/eval.yaml) says what to measure. `ckpt` is one checkpoint or a list of them, compared in one table or plot.
 
-    python eval.py ckpt=outputs/transformer-rope-tiny/checkpoints/latest mode=perplexity
-    python eval.py ckpt=... mode=sample prompt="The module" max_new_tokens=100 temperature=0.8
-    python eval.py ckpt=... mode=perplexity data=text data.files='held_out/*.txt'   # any data config
-    python eval.py ckpt=outputs/gla-selective_rope-S2-L1 mode=task +data_overrides.eval_len=1024  # synthetic task
+    python eval.py ckpt=outputs/gla-rope-124m mode=lm_eval                      # seed 004's tasks + wikitext
+    python eval.py ckpt=RUN mode=lm_eval lm_eval.include_path=evals/local_tasks 'lm_eval.tasks=[pydoc]'
+    python eval.py 'ckpt=[RUN_A,RUN_B]' mode=position_loss data=text data.files='long/*.txt'
+    python eval.py ckpt=RUN mode=perplexity seq_len=4096                       # any data config, any context
+    python eval.py ckpt=RUN mode=sample prompt="The module" max_new_tokens=100 temperature=0.8
+    python eval.py ckpt=RUN mode=task +data_overrides.eval_len=1024             # a synthetic task's accuracy
+    python eval.py mode=kernel 'kernel.fresh=[transformer/alibi,retnet/nope,fox/nope,transformer/rope]'
 
-Modes: perplexity (validation loss and perplexity on the checkpoint's data, or any other data config, at any
-context length), sample (generation through each mixer's cache / recurrent state; a task's prompt is its token
-names, e.g. prompt="<bos> h e l l o <copy>"), task (accuracy and accuracy vs length on the synthetic task the
-checkpoint was trained on, regenerated from its data config, optionally changed by data_overrides: longer
-evaluation, other test settings; writes a PNG).
+Modes:
+  lm_eval        lm-evaluation-harness scores (evals/harness.py); a seed-004-style markdown table, printed and saved
+  position_loss  next-token loss by position over long held-out windows (evals/position.py); JSON + log-x PNG
+  perplexity     validation loss / perplexity; with several checkpoints also loss vs training context (PNG)
+  sample         generation through each mixer's KV cache / recurrent state
+  task           accuracy and accuracy vs length on the checkpoint's synthetic task (data_overrides change it)
+  kernel         each layer's relative-position kernel: log-decay / bias and rotation vs distance (evals/pe_kernel.py)
+
+Results go to `out` (JSON; default eval_<mode>.json in the run's folder, or in outputs/eval for several
+checkpoints) and PNGs beside it; `wandb=true` also logs them to a wandb run (offline without credentials).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -24,7 +33,7 @@ import torch
 
 from model import ConfigError, build_model
 
-MODES = ("perplexity", "sample", "task")
+MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel")
 
 
 def resolve_ckpt(path: str) -> Path:
@@ -48,6 +57,13 @@ def load_model(path: str, device="cpu"):
     return model.to(device).eval(), Tokenizer.from_dict(ckpt["tokenizer"]), ckpt
 
 
+def labels(loaded, paths) -> list[str]:
+    """'backbone + pe (T=context)' per checkpoint; the path is added where two would read the same."""
+    names = [f"{c['backbone']['name']} + {c['pe']['name']} (T={c['model']['seq_len']})"
+             for c in (ck["config"] for _, _, ck in loaded)]
+    return [f"{n} {p}" if names.count(n) > 1 else n for n, p in zip(names, paths)]
+
+
 @torch.no_grad()
 def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: int, device, autocast) -> dict:
     """Mean next-token loss over the first n_tokens of the data's validation split, tokenized by the model's own
@@ -67,7 +83,7 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "tokens": count, "seq_len": seq_len}
 
 
-def task_accuracy(model, ckpt, cfg, device, autocast) -> dict:
+def task_accuracy(model, ckpt, cfg, device, autocast, plot: Path) -> dict:
     from omegaconf import OmegaConf
 
     from data import tasks
@@ -82,8 +98,6 @@ def task_accuracy(model, ckpt, cfg, device, autocast) -> dict:
     shown = tasks.log_points(curve, task.train_len)
     print(f"task {task.name} (trained to {task.unit} {task.train_len}) | {tasks.summary(result, task)}")
     print("  ".join(f"{k.split('@')[1]}: {v:.3f}" for k, v in shown.items()))
-    run_dir = resolve_ckpt(cfg.ckpt).parent.parent
-    plot = Path(cfg.plot) if cfg.plot else run_dir / "eval_accuracy_vs_length.png"
     c = ckpt["config"]
     tasks.plot_curves({f"{c['backbone']['name']} + {c['pe']['name']}": curve}, plot, task.train_len, task.unit,
                       title=f"{task.name}: {c.get('run_name', '')}")
@@ -92,40 +106,162 @@ def task_accuracy(model, ckpt, cfg, device, autocast) -> dict:
             "curve": {str(k): v for k, v in curve.items()}}
 
 
+def sample(model, tok, cfg, device, autocast) -> dict:
+    try:
+        ids = tok.encode(cfg.prompt)
+    except ValueError as e:
+        raise ConfigError(f"prompt={cfg.prompt!r}: {e}") from None
+    prompt = torch.tensor([ids or [tok.eot_id]], device=device)
+    gen = torch.Generator(device).manual_seed(cfg.seed)
+    with autocast:
+        out = model.generate(prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator=gen)
+    text = tok.decode(out[0].tolist())
+    print(text)
+    return {"prompt": cfg.prompt, "text": text}
+
+
+def fresh_models(specs, device, size: str = "tiny", seq_len: int | None = None, vocab: int = 256):
+    """'backbone/pe' -> (label, a model at init of conf/model/<size>.yaml), for kernel pictures and benchmarks."""
+    from omegaconf import OmegaConf
+    conf = Path(__file__).resolve().parent / "conf"
+    for spec in specs:
+        if spec.count("/") != 1:
+            raise ConfigError(f"kernel.fresh entry {spec!r}: write backbone/pe, e.g. transformer/alibi")
+        b, p = spec.split("/")
+        for group, name in (("backbone", b), ("pe", p)):
+            if not (conf / group / f"{name}.yaml").is_file():
+                choices = sorted(f.stem for f in (conf / group).glob("*.yaml"))
+                raise ConfigError(f"kernel.fresh entry {spec!r}: unknown {group} {name!r}; valid choices: {choices}")
+        size_cfg = OmegaConf.to_container(OmegaConf.load(conf / "model" / f"{size}.yaml"))
+        size_cfg["seq_len"] = seq_len or size_cfg["seq_len"]
+        torch.manual_seed(0)
+        model = build_model(OmegaConf.load(conf / "backbone" / f"{b}.yaml"), OmegaConf.load(conf / "pe" / f"{p}.yaml"),
+                            size_cfg, vocab)
+        yield f"{b} + {p} (init)", model.to(device).eval()
+
+
+def kernels(cfg, loaded, names, device) -> dict:
+    from evals.pe_kernel import relative_kernel
+    T, g = cfg.kernel.length, torch.Generator().manual_seed(cfg.seed)
+    models = [(n, m, tok) for n, (m, tok, _) in zip(names, loaded)] + [
+        (n, m, None) for n, m in fresh_models(cfg.kernel.fresh, device, seq_len=T)]
+    if not models:
+        raise ConfigError("mode=kernel needs ckpt=... and/or kernel.fresh=[backbone/pe, ...]")
+    found = {}
+    for name, model, tok in models:
+        if tok is not None and cfg.kernel.text:  # real text through a trained model's own tokenizer
+            ids = (tok.encode(cfg.kernel.text) * T)[:T]
+            idx = torch.tensor([ids], device=device)
+        else:
+            idx = torch.randint(0, model.cfg.vocab_size, (4, T), generator=g).to(device)
+        found[name] = relative_kernel(model, idx, cfg.kernel.layer)
+    return found
+
+
 def run(cfg) -> dict:
     from omegaconf import OmegaConf
     if cfg.mode not in MODES:
         raise ConfigError(f"mode={cfg.mode!r}; valid choices: {list(MODES)}")
-    if cfg.ckpt is None:
-        raise ConfigError("ckpt=<path> is required (a step_*.pt file, a checkpoints/ folder or a run's out_dir)")
+    paths = [] if cfg.ckpt is None else [cfg.ckpt] if isinstance(cfg.ckpt, str) else list(cfg.ckpt)
+    if not paths and cfg.mode != "kernel":
+        raise ConfigError("ckpt=<path> is required (a step_*.pt file, a checkpoints/ folder, a run's out_dir, or a "
+                          "list: 'ckpt=[a,b]')")
+    if len(paths) > 1 and cfg.mode in ("sample", "task"):
+        raise ConfigError(f"mode={cfg.mode} takes one checkpoint; got {len(paths)}")
+    for p in paths:  # every path checked before any work
+        resolve_ckpt(p)
+    if cfg.mode == "lm_eval":
+        import evals.harness  # noqa: F401  (fails early, with pip's name for it, if lm-eval is missing)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
-    model, tok, ckpt = load_model(cfg.ckpt, device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    if cfg.mode == "perplexity":
-        data_cfg = ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
-        seq = cfg.seq_len or ckpt["config"]["model"]["seq_len"]
-        result = perplexity(model, tok, data_cfg, seq, cfg.eval_tokens, cfg.micro_batch, device, autocast)
-        print(f"val loss {result['val_loss']:.4f} | perplexity {result['val_ppl']:.2f} | "
-              f"{result['tokens']:,} tokens at context {seq}")
-    elif cfg.mode == "task":
-        result = task_accuracy(model, ckpt, cfg, device, autocast)
+    out = Path(cfg.out) if cfg.out else (
+        (resolve_ckpt(paths[0]).parent.parent if len(paths) == 1 else Path("outputs/eval")) / f"eval_{cfg.mode}.json")
+    plot = Path(cfg.plot) if cfg.plot else out.with_suffix(".png")
+    loaded = [load_model(p, device) for p in paths]
+    names = labels(loaded, paths)
+
+    if cfg.mode == "kernel":
+        from evals.pe_kernel import plot_kernels
+        found = kernels(cfg, loaded, names, device)
+        plot_kernels(found, plot, title=f"layer {cfg.kernel.layer}: weight of a key at distance t - j")
+        result = {"kernels": {n: {k: v.tolist() for k, v in ks.items()} for n, ks in found.items()}}
+    elif cfg.mode == "lm_eval":
+        from evals import harness
+        rows, raw = {}, {}
+        L = cfg.lm_eval
+        for (model, tok, _), name, path in zip(loaded, names, paths):
+            lm = harness.DualityLM(model, tok, batch_size=L.batch_size, max_length=L.max_length, device=device)
+            res = harness.evaluate(lm, list(L.tasks), L.include_path, L.num_fewshot, L.limit)
+            rows[name], raw[str(path)] = harness.columns(res), res["results"]
+        table = harness.markdown_table(rows)
+        print(table)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(table + "\n")
+        result = {"table": rows, "results": raw, "tasks": list(L.tasks), "num_fewshot": L.num_fewshot}
+    elif cfg.mode == "position_loss":
+        from evals.position import plot_position_loss, position_loss
+        P, curves = cfg.position_loss, {}
+        for (model, tok, ckpt), name in zip(loaded, names):
+            data_cfg = ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
+            r = position_loss(model, tok, data_cfg, P.length, P.max_windows, cfg.micro_batch, P.chunk, device, autocast)
+            curves[name] = {**r, "train_len": ckpt["config"]["model"]["seq_len"]}
+            shown = "  ".join(f"{n}: {v:.3f}" for n, v in r["avg_up_to"].items() if n >= 16)
+            print(f"{name} | {r['windows']} x {r['length']:,} tokens | mean loss up to n tokens: {shown}")
+        plot_position_loss(curves, plot)
+        result = {"curves": curves}
     else:
-        try:
-            ids = tok.encode(cfg.prompt)
-        except ValueError as e:
-            raise ConfigError(f"prompt={cfg.prompt!r}: {e}") from None
-        prompt = torch.tensor([ids or [tok.eot_id]], device=device)
-        gen = torch.Generator(device).manual_seed(cfg.seed)
-        with autocast:
-            out = model.generate(prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator=gen)
-        result = {"prompt": cfg.prompt, "text": tok.decode(out[0].tolist())}
-        print(result["text"])
-    result.update(ckpt=str(resolve_ckpt(cfg.ckpt)), step=ckpt["step"], mode=cfg.mode)
-    if cfg.out:
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(result, indent=1))
+        result = {}
+        for (model, tok, ckpt), name, path in zip(loaded, names, paths):
+            if cfg.mode == "perplexity":
+                data_cfg = ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
+                seq = cfg.seq_len or ckpt["config"]["model"]["seq_len"]
+                r = perplexity(model, tok, data_cfg, seq, cfg.eval_tokens, cfg.micro_batch, device, autocast)
+                print(f"{name} | val loss {r['val_loss']:.4f} | perplexity {r['val_ppl']:.2f} | "
+                      f"{r['tokens']:,} tokens at context {seq}")
+            elif cfg.mode == "task":
+                r = task_accuracy(model, ckpt, cfg, device, autocast, plot)
+            else:
+                r = sample(model, tok, cfg, device, autocast)
+            r.update(ckpt=str(resolve_ckpt(path)), step=ckpt["step"])
+            result = r if len(paths) == 1 else {**result, name: r}
+        if cfg.mode == "perplexity" and len(paths) > 1:
+            from evals.position import plot_loss_vs_context
+            groups: dict = {}
+            for (_, _, ckpt), name in zip(loaded, names):
+                c = ckpt["config"]
+                groups.setdefault(f"{c['backbone']['name']} + {c['pe']['name']}", []).append(
+                    (c["model"]["seq_len"], result[name]["val_loss"]))
+            plot_loss_vs_context(groups, plot)
+    result.update(mode=cfg.mode, ckpts=[str(resolve_ckpt(p)) for p in paths])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(out)
+    print(f"results: {out}" + (f" | plot: {plot}" if plot.exists() and cfg.mode not in ("sample", "lm_eval") else ""))
+    if cfg.wandb:
+        log_wandb(cfg, result, plot, out)
     return result
+
+
+def log_wandb(cfg, result: dict, plot: Path, out: Path) -> None:
+    """One wandb run per evaluation (job_type=eval): the table's numbers as summary values, the plot as an image."""
+    import wandb
+    from omegaconf import OmegaConf
+
+    from train import _wandb_logged_in
+    mode = "online" if (os.environ.get("WANDB_API_KEY") or _wandb_logged_in()) else "offline"
+    run = wandb.init(project=cfg.wandb_project, job_type="eval", name=f"eval-{cfg.mode}", mode=mode,
+                     dir=str(out.parent), config=OmegaConf.to_container(cfg, resolve=True))
+    if cfg.mode == "lm_eval":
+        cols = list(dict.fromkeys(c for r in result["table"].values() for c in r))
+        run.log({"lm_eval": wandb.Table(columns=["model", *cols],
+                                        data=[[n, *(r.get(c) for c in cols)] for n, r in result["table"].items()])})
+        for name, r in result["table"].items():
+            run.summary.update({f"{name}/{c}": v for c, v in r.items()})
+    if plot.exists() and cfg.mode not in ("sample", "lm_eval"):
+        run.log({cfg.mode: wandb.Image(str(plot))})
+    run.finish()
 
 
 def main():

@@ -36,6 +36,14 @@ def _additive_bias(Tq, Tk, H, log_decay, bias, device, dtype):
     return out.masked_fill(j > i, float("-inf"))
 
 
+def varying_shapes():
+    """A context for inference whose shapes change call after call (scoring batches of other lengths, decoding with
+    a growing KV cache): torch's SDPA without the cuDNN backend, which builds (~50 ms) and caches an execution plan
+    per new shape. Training, at one shape, keeps cuDNN."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def decayed_attention(q, k, v, *, log_decay=None, bias=None, scale=None):
     B, Tq, H, D = q.shape
     Tk = k.shape[1]

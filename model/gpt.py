@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.attention import varying_shapes
+
 from .mixers.base import residual_linear
 from .pe.sinusoidal import sinusoid_table
 
@@ -131,26 +133,29 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, stop=None):
         """Prefill the prompt in one parallel call, then decode one token per call through each mixer's cache.
-        temperature = 0 is greedy decoding."""
+        temperature = 0 is greedy decoding; `stop(new_tokens [B, n]) -> bool` ends decoding early."""
         if self.decoder is not None:
             raise ValueError("model.head=compress decodes a whole sequence from one state; it does not generate")
         cache = Cache(len(self.blocks))
-        logits, _ = self(idx, cache=cache)
         out = [idx]
-        for _ in range(max_new_tokens):
-            last = logits[:, -1].float()
-            if temperature == 0:
-                nxt = last.argmax(-1, keepdim=True)
-            else:
-                last = last / temperature
-                if top_k:
-                    kth = torch.topk(last, min(top_k, last.shape[-1])).values[:, -1:]
-                    last = last.masked_fill(last < kth, float("-inf"))
-                nxt = torch.multinomial(torch.softmax(last, -1), 1, generator=generator)
-            out.append(nxt)
-            logits, _ = self(nxt, cache=cache)
+        with varying_shapes():  # the KV cache grows every step
+            logits, _ = self(idx, cache=cache)
+            for _ in range(max_new_tokens):
+                last = logits[:, -1].float()
+                if temperature == 0:
+                    nxt = last.argmax(-1, keepdim=True)
+                else:
+                    last = last / temperature
+                    if top_k:
+                        kth = torch.topk(last, min(top_k, last.shape[-1])).values[:, -1:]
+                        last = last.masked_fill(last < kth, float("-inf"))
+                    nxt = torch.multinomial(torch.softmax(last, -1), 1, generator=generator)
+                out.append(nxt)
+                if stop is not None and stop(torch.cat(out[1:], 1)):
+                    break
+                logits, _ = self(nxt, cache=cache)
         return torch.cat(out, 1)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:

@@ -194,23 +194,9 @@ def draw_curves(ax, curves: dict, train_len: int | None, unit: str, title: str =
 
 
 def plot_curves(curves: dict, path, train_len: int | None, unit: str, title: str = "") -> None:
-    """One figure of draw_curves, written atomically. Without matplotlib (a bare GPU image) it says so and draws
-    nothing: task_eval.json holds the curve."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"matplotlib is not installed: no {path} (task_eval.json has the numbers)")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    draw_curves(ax, curves, train_len, unit, title)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
+    """One figure of draw_curves (task_eval.json holds the numbers when matplotlib is missing)."""
+    from evals.plots import save_figure
+    save_figure(path, lambda axes: draw_curves(axes[0], curves, train_len, unit, title))
 
 
 def summary(m: dict, task: TaskData) -> str:

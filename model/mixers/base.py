@@ -55,6 +55,12 @@ class Mixer(nn.Module):
     def forward(self, x, cache: dict | None = None):
         raise NotImplementedError
 
+    def log_gate(self, x):
+        """log a_t [B, T, H] of the mixer's forget gate (a per-channel gate is averaged over its channels), None
+        without one: the log-decay whose cumulative sum c gives the weight exp(c_i - c_j) of token j at step i. The
+        kernel pictures of eval.py (mode=kernel) draw it beside the positional schemes' biases and rotations."""
+        return None
+
     def flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs per token spent outside parameter matmuls (the trunk counts those as 2 * params)."""
         raise NotImplementedError

@@ -49,11 +49,14 @@ class _DeltaNet(Mixer):
         k = l2norm(self.k_conv(self.k_proj(x), cache, "k_conv").view(B, T, H, self.dk))
         v = self.v_conv(self.v_proj(x), cache, "v_conv").view(B, T, H, self.dv)
         beta = self.beta_max * torch.sigmoid(up(self.b_proj(x)))
-        g = self.decay(x) if self.gated else None
+        g = self.log_gate(x)
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
         o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), cache, offset)
         return self.out(o.to(x.dtype), x)
+
+    def log_gate(self, x):
+        return self.decay(x) if self.gated else None
 
     def flops_per_token(self, seq_len):
         # S^T k, the rank-one update, S^T q (chunked WY kernels roughly double this; counted as the recurrence)

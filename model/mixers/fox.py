@@ -57,7 +57,7 @@ class FoX(Mixer):
             qkv = self.conv(qkv, cache)
         q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         q, k = self.q_norm(q), self.k_norm(k)
-        f = F.logsigmoid(up(self.f_proj(x)))  # [B, T, H]
+        f = self.log_gate(x)
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
         if cache is None:
@@ -72,6 +72,9 @@ class FoX(Mixer):
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)
+
+    def log_gate(self, x):
+        return F.logsigmoid(up(self.f_proj(x)))  # [B, T, H]
 
     def flops_per_token(self, seq_len):
         return 2.0 * self.d_model * (seq_len + 1)

@@ -45,11 +45,16 @@ class GLA(Mixer):
         q = self.q_proj(x).view(B, T, H, self.dk)
         k = self.k_proj(x).view(B, T, H, self.dk)
         v = self.v_proj(x).view(B, T, H, self.dv)
-        g = F.logsigmoid(up(self.g_proj(x))).view(B, T, H, self.dk) / self.gate_normalizer
+        g = self.log_gate(x, per_channel=True)
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset)
         return self.out(o.to(x.dtype), x)
+
+    def log_gate(self, x, per_channel: bool = False):
+        B, T, _ = x.shape
+        g = (F.logsigmoid(up(self.g_proj(x))) / self.gate_normalizer).view(B, T, self.n_heads, self.dk)
+        return g if per_channel else g.mean(-1)
 
     def flops_per_token(self, seq_len):
         # state update k v^T, decay, readout S^T q: ~ 3 x 2 H D_k D_v (chunked kernels add intra-chunk work)

@@ -42,12 +42,17 @@ class GatedOja(Mixer):
         H, D = self.n_heads, self.head_dim
         q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
         v = l2norm(v)
-        gv = F.logsigmoid(up(self.g_proj(x))).view(B, T, H, D) / self.gate_normalizer
+        gv = self.log_gate(x, per_channel=True)
         beta = torch.sigmoid(up(self.b_proj(x)))
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
         o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), cache, offset)
         return self.out(o.to(x.dtype), x)
+
+    def log_gate(self, x, per_channel: bool = False):
+        B, T, _ = x.shape
+        g = (F.logsigmoid(up(self.g_proj(x))) / self.gate_normalizer).view(B, T, self.n_heads, self.head_dim)
+        return g if per_channel else g.mean(-1)
 
     def flops_per_token(self, seq_len):
         return 6.0 * self.n_heads * self.head_dim ** 2

@@ -54,13 +54,16 @@ class _PaTH(Mixer):
         q, k = self.q_norm(q), self.k_norm(k)
         w = l2norm(up(self.w_conv(self.w_proj(x), cache, "w_conv")).view(B, T, H, D))
         beta = 2 * torch.sigmoid(up(self.b_proj(x)))
-        f = F.logsigmoid(up(self.f_proj(x))) if self.f_proj is not None else None
+        f = self.log_gate(x)
         q, k = self.rotate_qk(q, k, x, cache, 0 if cache is None else cache.get("offset", 0))
         if cache is None:
             o = path_attention(q, k, v, w, beta, f)
         else:
             o = self._step(q, k, v, w, beta, f, cache)
         return self.o_proj(o.reshape(B, T, self.d_model).to(x.dtype))
+
+    def log_gate(self, x):
+        return F.logsigmoid(up(self.f_proj(x))) if self.f_proj is not None else None
 
     def _step(self, q, k, v, w, beta, f, cache):
         """Token by token through the cache (prefill included): move cached keys by H_t, append k_t, attend."""

@@ -32,9 +32,6 @@ class _ScalarDecay(Mixer):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = GatedOutput(d_model, n_heads, self.head_dim, output_gate)
 
-    def log_gate(self, x):
-        raise NotImplementedError
-
     def forward(self, x, cache=None):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)

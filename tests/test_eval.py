@@ -1,0 +1,227 @@
+"""eval.py's modes as a user runs them: lm-evaluation-harness scoring (network off, local task files), the loss by
+position and its plot, the relative-position kernel pictures, and their errors. Each number is checked against an
+independent computation: the model's own log-probabilities, greedy decoding by repeated full forwards."""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval as eval_lib
+import train as train_lib
+from model import ConfigError, build_model
+from tests.conftest import ROOT, compose, tiny_overrides
+
+os.environ["HF_DATASETS_OFFLINE"] = "1"  # with HF_HUB_OFFLINE (conftest): the harness cannot reach the network
+LOCAL = str(ROOT / "evals" / "local_tasks")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, data_cache):
+    """A tiny transformer trained for 40 steps on the embedded corpus."""
+    out = tmp_path_factory.mktemp("run")
+    train_lib.run(compose(tiny_overrides(out, data_cache, "train.steps=40", "model.seq_len=64")))
+    return out
+
+
+@pytest.fixture(scope="module")
+def lm(ckpt):
+    from evals.harness import DualityLM
+    model, tok, _ = eval_lib.load_model(str(ckpt))
+    return DualityLM(model.double(), tok, batch_size=3, progress=False)
+
+
+class Req:  # what the harness hands a model: an object with .args
+    def __init__(self, *args):
+        self.args = args
+
+
+def direct_logprob(model, ids: list[int]) -> list[float]:
+    """log p(ids[t] | ids[:t]) for t >= 1, by one plain forward pass."""
+    logits, _ = model(torch.tensor([ids]))
+    return F.log_softmax(logits[0, :-1].double(), -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_loglikelihood_equals_summed_token_logprobs(lm):
+    tok = lm.tok
+    reqs = [("The module", " provides functions"), ("Return the", " value of x."), ("", "Hello world"),
+            ("A very long context " * 30, " end")]  # the last one exceeds max_length = 64 and is cut on the left
+    got = lm.loglikelihood([Req(*r) for r in reqs])
+    for (ctx, cont), (ll, greedy) in zip(reqs, got):
+        ctx_ids = tok.encode(ctx.rstrip(" ")) if ctx else [tok.eot_id]  # trailing spaces go to the continuation
+        whole = tok.encode(ctx + cont) if ctx else ctx_ids + tok.encode(cont)
+        ids = whole[-(lm.max_length + 1):]
+        n_cont = len(whole) - len(ctx_ids)
+        lp = direct_logprob(lm.model, ids)[-n_cont:]
+        assert ll == pytest.approx(sum(lp), rel=1e-9, abs=1e-9)
+        assert isinstance(greedy, bool)
+    # a continuation that is the model's own greedy choice is reported as greedy
+    ids = tok.encode("The module")
+    nxt = lm.model(torch.tensor([ids]))[0][0, -1].argmax().item()
+    assert lm.score([(ids, [nxt])])[0][1] is True
+
+
+def test_rolling_loglikelihood_scores_every_token_once(lm):
+    text = "Return a new list containing all items from the iterable in ascending order. " * 4
+    ids = lm.tok.encode(text)
+    assert len(ids) > lm.max_length  # several windows
+    (ll,) = lm.loglikelihood_rolling([Req(text)])
+    # oracle, the harness's rule: blocks of L predictions, each from the block's own tokens ([eot] first), except the
+    # last block, which gets a full window of L tokens of context
+    L, N, seq = lm.max_length, len(ids), [lm.tok.eot_id] + ids
+    expect = 0.0
+    for i in range(N):  # predict seq[i + 1] = ids[i]
+        start = L * (i // L) if L * (i // L) + L < N else max(0, N - L)
+        logits, _ = lm.model(torch.tensor([seq[start:i + 1]]))
+        expect += F.log_softmax(logits[0, -1].double(), -1)[seq[i + 1]].item()
+    assert ll == pytest.approx(expect, rel=1e-9)
+
+
+def test_generate_until_through_the_cache_equals_repeated_full_forwards(lm):
+    prompts = ["The function", "Return the", "The module"]  # two share a token length: they are batched
+    out = lm.generate_until([Req(p, {"until": ["\n\n"], "max_gen_toks": 12}) for p in prompts])
+    for p, text in zip(prompts, out):
+        seq = lm.tok.encode(p)
+        for _ in range(12):  # greedy by full forwards, no cache
+            seq.append(lm.model(torch.tensor([seq]))[0][0, -1].argmax().item())
+        new = seq[len(lm.tok.encode(p)):]
+        if lm.tok.eot_id in new:
+            new = new[:new.index(lm.tok.eot_id)]
+        assert text == lm.tok.decode(new).split("\n\n")[0]
+    # a stop string cuts the text and ends decoding
+    word = out[0].strip().split(" ")[0]
+    if word:
+        cut = lm.generate_until([Req(prompts[0], {"until": [word], "max_gen_toks": 12})])[0]
+        assert word not in cut and out[0].startswith(cut)
+
+
+@pytest.mark.slow
+def test_lm_eval_simple_evaluate_on_local_tasks_offline(ckpt, monkeypatch):
+    """A multiple-choice, a rolling-loglikelihood and a generate_until task, from local JSONL, through eval.py
+    (lm_eval.simple_evaluate underneath) with the hub unreachable."""
+    monkeypatch.chdir(ROOT)  # the task YAMLs name their JSONL files relative to the repo root
+    res = eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", f"lm_eval.include_path={LOCAL}",
+                                "lm_eval.tasks=[pydoc_mc,pydoc_ppl,pydoc_complete]", "lm_eval.limit=24",
+                                "device=cpu"], "eval"))
+    r = res["results"][str(ckpt)]
+    assert 0 <= r["pydoc_mc"]["acc,none"] <= 1 and 0 <= r["pydoc_complete"]["exact_match,none"] <= 1
+    assert 1 < r["pydoc_ppl"]["word_perplexity,none"] < float("inf")
+    row = next(iter(res["table"].values()))
+    assert row["avg acc"] == pytest.approx((row["pydoc_mc acc"] + row["pydoc_complete exact_match"]) / 2)
+    table = (ckpt / "eval_lm_eval.md").read_text()
+    assert table.startswith("| model | pydoc_mc acc | pydoc_mc acc_norm |") and "transformer + rope" in table
+    assert json.loads((ckpt / "eval_lm_eval.json").read_text())["tasks"] == ["pydoc_mc", "pydoc_ppl", "pydoc_complete"]
+    # the table's accuracy is the mean over examples of "the true choice has the highest log-likelihood"
+    from evals.harness import DualityLM
+    model, tok, _ = eval_lib.load_model(str(ckpt))
+    h = DualityLM(model, tok, progress=False)
+    docs = [json.loads(line) for line in open(ROOT / "evals/local_tasks/pydoc_mc.jsonl")][:24]
+    correct = 0
+    for d in docs:
+        lls = [ll for ll, _ in h.loglikelihood([Req(d["context"], c) for c in d["choices"]])]
+        correct += max(range(4), key=lambda i: lls[i]) == d["label"]
+    assert r["pydoc_mc"]["acc,none"] == pytest.approx(correct / len(docs))
+
+
+def test_lm_eval_errors_name_the_problem(ckpt, tmp_path, monkeypatch):
+    from evals.harness import load_tasks
+    monkeypatch.chdir(ROOT)
+    # a task whose dataset lives on the hub, with the network off
+    (tmp_path / "hub_task.yaml").write_text(
+        "task: hub_task\ndataset_path: nobody/not_a_dataset\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: q\ndoc_to_choice: c\ndoc_to_target: 0\n")
+    with pytest.raises(ConfigError, match=r"'hub_task' cannot load its data.*dataset_path='nobody/not_a_dataset'"):
+        load_tasks(["hub_task"], str(tmp_path))
+    with pytest.raises(ConfigError, match="no checkpoint there"):
+        eval_lib.run(compose([f"ckpt={tmp_path}/missing", "mode=lm_eval"], "eval"))
+
+
+@pytest.mark.slow
+def test_unknown_lm_eval_task_lists_close_matches():
+    from evals.harness import load_tasks
+    with pytest.raises(ConfigError, match=r"unknown lm_eval task\(s\) \['hellaswagg'\].*'hellaswag'"):
+        load_tasks(["hellaswagg"])
+
+
+def test_position_loss_json_and_png(ckpt, tmp_path):
+    res = eval_lib.run(compose([f"ckpt={ckpt}", "mode=position_loss", "position_loss.length=256",
+                                "position_loss.max_windows=3", "position_loss.chunk=100", f"out={tmp_path}/pl.json"],
+                               "eval"))
+    (curve,) = res["curves"].values()
+    assert curve["length"] == 256 and curve["windows"] == 3 and curve["train_len"] == 64
+    assert curve["positions"][0] == 1 and curve["positions"][-1] < 256 and len(curve["positions"]) > 20
+    saved = json.loads((tmp_path / "pl.json").read_text())
+    assert saved["curves"] == json.loads(json.dumps(res["curves"]))
+    assert (tmp_path / "pl.png").read_bytes()[:8] == PNG
+    # the curve is the per-position loss: check it against one unchunked forward over the same windows
+    import data as data_lib
+    model, tok, ck = eval_lib.load_model(str(ckpt))
+    info = data_lib.prepare(ck["config"]["data"], progress=False, tokenizer=tok)
+    x, y = data_lib.TokenWindows(info.val_shards, 256, tok.vocab_size, shuffle=False).batch(range(3))
+    with torch.no_grad():
+        loss = F.cross_entropy(model(x)[0].transpose(1, 2), y, reduction="none").double().mean(0)
+    assert curve["loss"][0] == pytest.approx(loss[0].item(), rel=1e-4)
+    avg = next(iter(saved["curves"].values()))["avg_up_to"]
+    assert avg["256"] == pytest.approx(loss.mean().item(), rel=1e-4)
+    assert avg["16"] == pytest.approx(loss[:16].mean().item(), rel=1e-4)
+
+
+def test_position_loss_refuses_lengths_the_model_or_data_cannot_give(ckpt, tmp_path, data_cache):
+    with pytest.raises(ConfigError, match="validation tokens"):
+        eval_lib.run(compose([f"ckpt={ckpt}", "mode=position_loss", "position_loss.length=10000000"], "eval"))
+    learned = tmp_path / "learned"
+    train_lib.run(compose(tiny_overrides(learned, data_cache, "train.steps=1", "pe=learned")))
+    with pytest.raises(ConfigError, match="pe=learned has positions 0..31 only"):
+        eval_lib.run(compose([f"ckpt={learned}", "mode=position_loss", "position_loss.length=128"], "eval"))
+
+
+def test_perplexity_of_several_checkpoints_plots_loss_vs_training_context(ckpt, tmp_path, data_cache):
+    short = tmp_path / "short"
+    train_lib.run(compose(tiny_overrides(short, data_cache, "train.steps=2")))
+    res = eval_lib.run(compose([f"ckpt=[{ckpt},{short}]", "mode=perplexity", "eval_tokens=512",
+                                f"out={tmp_path}/ppl.json"], "eval"))
+    assert sorted(r["seq_len"] for r in res.values() if isinstance(r, dict)) == [32, 64]
+    assert (tmp_path / "ppl.png").read_bytes()[:8] == PNG
+
+
+def test_kernel_pictures_show_the_duality(tmp_path):
+    """ALiBi's log-weight is -m_h n exactly; RetNet's is n log gamma_h; RoPE's rotation factor is mean_i cos(n theta_i);
+    NoPE is flat; fresh and trained models draw one PNG."""
+    from kernels.rotary import rope_frequencies
+    from model.mixers.scalar_decay import retnet_gammas
+    from model.pe.alibi import alibi_slopes
+    res = eval_lib.run(compose(["mode=kernel", "kernel.fresh=[transformer/alibi,retnet/nope,transformer/rope,"
+                                "transformer/nope,fox/nope,gla/selective_rope]", "kernel.length=40",
+                                f"out={tmp_path}/k.json"], "eval"))
+    k = {n.split(" (")[0]: v for n, v in res["kernels"].items()}
+    n = torch.arange(40, dtype=torch.float64)
+    H = len(k["transformer + alibi"]["log-weight"])
+    torch.testing.assert_close(torch.tensor(k["transformer + alibi"]["log-weight"], dtype=torch.float64),
+                               -alibi_slopes(H).double()[:, None] * n)
+    torch.testing.assert_close(torch.tensor(k["retnet + nope"]["log-weight"], dtype=torch.float64),
+                               torch.log(retnet_gammas(H))[:, None] * n, rtol=1e-6, atol=1e-6)
+    head_dim = 256 // H  # model=tiny
+    theta = rope_frequencies(head_dim, 10000.0).double()
+    rot = torch.tensor(k["transformer + rope"]["rotation"], dtype=torch.float64)
+    torch.testing.assert_close(rot, torch.cos(n[:, None] * theta[None]).mean(-1).expand(H, -1), rtol=1e-5, atol=1e-5)
+    assert torch.tensor(k["transformer + nope"]["log-weight"]).abs().max() == 0
+    fox = torch.tensor(k["fox + nope"]["log-weight"])
+    assert (fox[:, 1:] < 0).all() and (fox.diff(dim=1) <= 0).all()  # a forget gate only ever forgets
+    assert set(k["gla + selective_rope"]) == {"log-weight", "rotation"}
+    assert (tmp_path / "k.png").read_bytes()[:8] == PNG
+    with pytest.raises(ConfigError, match="unknown backbone 'transformers'"):
+        eval_lib.run(compose(["mode=kernel", "kernel.fresh=[transformers/rope]"], "eval"))
+
+
+def test_every_backbone_has_a_kernel_picture():
+    from model.mixers import REGISTRY
+    from evals.pe_kernel import relative_kernel
+    for name in sorted(REGISTRY):
+        m = build_model({"name": name}, {"name": "nope"}, {"n_layer": 1, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64)
+        k = relative_kernel(m.eval(), torch.randint(0, 64, (2, 16)))
+        assert k["log-weight"].shape == (2, 16) and torch.isfinite(k["log-weight"]).all(), name
+        has_gate = m.blocks[0].mixer.log_gate(torch.zeros(1, 16, 32)) is not None
+        assert bool(k["log-weight"][:, 1:].abs().sum() > 0) == has_gate, name
