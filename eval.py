@@ -171,7 +171,10 @@ def run(cfg) -> dict:
     for p in paths:  # every path checked before any work
         resolve_ckpt(p)
     if cfg.mode == "lm_eval":
-        import evals.harness  # noqa: F401  (fails early, with pip's name for it, if lm-eval is missing)
+        try:
+            import evals.harness  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"mode=lm_eval needs lm-evaluation-harness ({e}): pip install lm-eval") from None
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()

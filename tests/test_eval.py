@@ -31,7 +31,9 @@ def ckpt(tmp_path_factory, data_cache):
 def lm(ckpt):
     from evals.harness import DualityLM
     model, tok, _ = eval_lib.load_model(str(ckpt))
-    return DualityLM(model.double(), tok, batch_size=3, progress=False)
+    lm = DualityLM(model.double(), tok, batch_size=3, progress=False)
+    lm.ckpt_path = str(ckpt)
+    return lm
 
 
 class Req:  # what the harness hands a model: an object with .args
@@ -58,6 +60,10 @@ def test_loglikelihood_equals_summed_token_logprobs(lm):
         lp = direct_logprob(lm.model, ids)[-n_cont:]
         assert ll == pytest.approx(sum(lp), rel=1e-9, abs=1e-9)
         assert isinstance(greedy, bool)
+    # the harness's own construction path: `lm_eval --model duality --model_args ckpt=...`
+    from evals.harness import DualityLM
+    built = DualityLM.create_from_arg_string(f"ckpt={lm.ckpt_path},batch_size=5,max_length=32")
+    assert (built.batch_size, built.max_length, built.tok.vocab_size) == (5, 32, tok.vocab_size)
     # a continuation that is the model's own greedy choice is reported as greedy
     ids = tok.encode("The module")
     nxt = lm.model(torch.tensor([ids]))[0][0, -1].argmax().item()
@@ -195,7 +201,7 @@ def test_kernel_pictures_show_the_duality(tmp_path):
     from model.pe.alibi import alibi_slopes
     res = eval_lib.run(compose(["mode=kernel", "kernel.fresh=[transformer/alibi,retnet/nope,transformer/rope,"
                                 "transformer/nope,fox/nope,gla/selective_rope]", "kernel.length=40",
-                                f"out={tmp_path}/k.json"], "eval"))
+                                f"out={tmp_path}/k.json", "wandb=true"], "eval"))
     k = {n.split(" (")[0]: v for n, v in res["kernels"].items()}
     n = torch.arange(40, dtype=torch.float64)
     H = len(k["transformer + alibi"]["log-weight"])
@@ -212,6 +218,7 @@ def test_kernel_pictures_show_the_duality(tmp_path):
     assert (fox[:, 1:] < 0).all() and (fox.diff(dim=1) <= 0).all()  # a forget gate only ever forgets
     assert set(k["gla + selective_rope"]) == {"log-weight", "rotation"}
     assert (tmp_path / "k.png").read_bytes()[:8] == PNG
+    assert list((tmp_path / "wandb").glob("offline-run-*/files/media/images/kernel_*.png"))  # logged, offline
     with pytest.raises(ConfigError, match="unknown backbone 'transformers'"):
         eval_lib.run(compose(["mode=kernel", "kernel.fresh=[transformers/rope]"], "eval"))
 
