@@ -158,8 +158,13 @@ def kernels(cfg, loaded, names, device) -> dict:
     return found
 
 
-def run(cfg) -> dict:
+def data_config(cfg, ckpt) -> dict:
+    """The checkpoint's own data, or the data config given on the command line (data=text data.files=...)."""
     from omegaconf import OmegaConf
+    return ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
+
+
+def run(cfg) -> dict:
     if cfg.mode not in MODES:
         raise ConfigError(f"mode={cfg.mode!r}; valid choices: {list(MODES)}")
     paths = [] if cfg.ckpt is None else [cfg.ckpt] if isinstance(cfg.ckpt, str) else list(cfg.ckpt)
@@ -206,8 +211,7 @@ def run(cfg) -> dict:
         from evals.position import plot_position_loss, position_loss
         P, curves = cfg.position_loss, {}
         for (model, tok, ckpt), name in zip(loaded, names):
-            data_cfg = ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
-            r = position_loss(model, tok, data_cfg, P.length, P.max_windows, cfg.micro_batch, P.chunk, device, autocast)
+            r = position_loss(model, tok, data_config(cfg, ckpt), P.length, P.max_windows, cfg.micro_batch, P.chunk, device, autocast)
             curves[name] = {**r, "train_len": ckpt["config"]["model"]["seq_len"]}
             shown = "  ".join(f"{n}: {v:.3f}" for n, v in r["avg_up_to"].items() if n >= 16)
             print(f"{name} | {r['windows']} x {r['length']:,} tokens | mean loss up to n tokens: {shown}")
@@ -217,9 +221,8 @@ def run(cfg) -> dict:
         result = {}
         for (model, tok, ckpt), name, path in zip(loaded, names, paths):
             if cfg.mode == "perplexity":
-                data_cfg = ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
                 seq = cfg.seq_len or ckpt["config"]["model"]["seq_len"]
-                r = perplexity(model, tok, data_cfg, seq, cfg.eval_tokens, cfg.micro_batch, device, autocast)
+                r = perplexity(model, tok, data_config(cfg, ckpt), seq, cfg.eval_tokens, cfg.micro_batch, device, autocast)
                 print(f"{name} | val loss {r['val_loss']:.4f} | perplexity {r['val_ppl']:.2f} | "
                       f"{r['tokens']:,} tokens at context {seq}")
             elif cfg.mode == "task":
