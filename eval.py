@@ -175,11 +175,12 @@ def run(cfg) -> dict:
         raise ConfigError(f"mode={cfg.mode} takes one checkpoint; got {len(paths)}")
     for p in paths:  # every path checked before any work
         resolve_ckpt(p)
-    if cfg.mode == "lm_eval":
+    if cfg.mode == "lm_eval":  # the tasks and their data are checked before any model is loaded
         try:
-            import evals.harness  # noqa: F401
+            from evals import harness
         except ImportError as e:
             raise ConfigError(f"mode=lm_eval needs lm-evaluation-harness ({e}): pip install lm-eval") from None
+        task_manager = harness.load_tasks(list(cfg.lm_eval.tasks), cfg.lm_eval.include_path)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -195,12 +196,11 @@ def run(cfg) -> dict:
         plot_kernels(found, plot, title=f"layer {cfg.kernel.layer}: weight of a key at distance t - j")
         result = {"kernels": {n: {k: v.tolist() for k, v in ks.items()} for n, ks in found.items()}}
     elif cfg.mode == "lm_eval":
-        from evals import harness
         rows, raw = {}, {}
         L = cfg.lm_eval
         for (model, tok, _), name, path in zip(loaded, names, paths):
             lm = harness.DualityLM(model, tok, batch_size=L.batch_size, max_length=L.max_length, device=device)
-            res = harness.evaluate(lm, list(L.tasks), L.include_path, L.num_fewshot, L.limit)
+            res = harness.evaluate(lm, list(L.tasks), task_manager, L.num_fewshot, L.limit)
             rows[name], raw[str(path)] = harness.columns(res), res["results"]
         table = harness.markdown_table(rows)
         print(table)

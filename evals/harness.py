@@ -187,7 +187,7 @@ def load_tasks(names: list[str], include_path: str | None = None):
     if unknown:
         hints = {n: difflib.get_close_matches(n, tm.all_tasks, n=3) for n in unknown}
         raise ConfigError(f"unknown lm_eval task(s) {unknown}; close matches: {hints} (custom tasks: a folder of task "
-                          f"YAMLs as lm_eval.include_path=...; list built-ins with `lm_eval ls tasks`)")
+                          f"YAMLs as lm_eval.include_path=...; list built-ins with `lm-eval ls tasks`)")
     for n in names:  # loading builds each task's dataset: fail here, naming it, rather than mid-run
         try:
             tm.load([n])
@@ -205,9 +205,9 @@ def _dataset_hint(entry) -> str:
     return f"It reads dataset_path={path!r}. " if path else ""
 
 
-def evaluate(lm: DualityLM, names: list[str], include_path=None, num_fewshot=None, limit=None) -> dict:
+def evaluate(lm: DualityLM, names: list[str], tm, num_fewshot=None, limit=None) -> dict:
+    """simple_evaluate with the TaskManager load_tasks returned (checked once, for every checkpoint)."""
     import lm_eval
-    tm = load_tasks(list(names), include_path)
     return lm_eval.simple_evaluate(model=lm, tasks=list(names), num_fewshot=num_fewshot, limit=limit,
                                    task_manager=tm, log_samples=False, bootstrap_iters=1000)
 
@@ -221,14 +221,17 @@ def columns(results: dict) -> dict[str, float]:
                   if "," in k and "stderr" not in k and isinstance(v, (int, float))}
         shown = [m for m in SEED_TASKS.get(task) or GENERIC if m in values] or sorted(values)
         for m in shown:
-            acc = m.startswith("acc") or m == "exact_match"
-            row[f"{task} {m}"] = 100 * values[m] if acc else values[m]
-        first = next((m for m in shown if m.startswith("acc") or m == "exact_match"), None)
+            row[f"{task} {m}"] = 100 * values[m] if _is_accuracy(m) else values[m]
+        first = next((m for m in shown if _is_accuracy(m)), None)
         if first:
             accs.append(100 * values[first])
     if accs:
         row["avg acc"] = sum(accs) / len(accs)
     return row
+
+
+def _is_accuracy(metric: str) -> bool:
+    return metric.startswith("acc") or metric == "exact_match"
 
 
 def markdown_table(rows: dict[str, dict[str, float]]) -> str:

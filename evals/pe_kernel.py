@@ -58,7 +58,7 @@ def relative_kernel(model, idx: torch.Tensor, layer: int = 0) -> dict[str, torch
             log_weight += c[:, -1:] - c
         if b is not None:
             log_weight += b.double().expand(B, -1, T, T)[:, :, -1].transpose(1, 2)
-    if gate is not None or (pe is not None and pe.kind == "score") or pe is None:
+    if gate is not None or pe is None or pe.kind == "score":  # rotary-only layers have no log-weight
         out["log-weight"] = log_weight.mean(0).T.flip(-1)  # [H, n]
     if pe is not None and pe.kind in ("rotary", "vo_rotary"):
         if hasattr(pe, "increments"):  # Selective RoPE: phi = Theta * cumsum(dphi(q, x))

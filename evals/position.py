@@ -41,7 +41,7 @@ def token_losses(model, x, y, chunk: int | None, autocast) -> torch.Tensor:
 def choose_length(model, n_val_tokens: int, length: int | None) -> int:
     """The evaluation length: as asked, or the longest power of two the validation split holds (<= 65,536). A learned
     absolute embedding has no positions past the training context."""
-    limit = model.cfg.seq_len if getattr(model.abs_pe, "name", "") == "learned" else None
+    limit = getattr(model.abs_pe, "max_positions", None)
     if length is None:
         length = min(MAX_LENGTH, 2 ** int(math.log2(max(2, n_val_tokens - 1))), limit or MAX_LENGTH)
     if limit and length > limit:

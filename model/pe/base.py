@@ -47,6 +47,7 @@ def register(name: str):
 class PositionalScheme(nn.Module):
     kind: str = "none"
     name: str = "?"
+    max_positions: int | None = None  # positions it can represent (None: any)
 
     def __init__(self, dims: Dims):
         super().__init__()

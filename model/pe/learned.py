@@ -14,6 +14,7 @@ class Learned(PositionalScheme):
     def __init__(self, dims, *, init_std: float = 0.02):
         super().__init__(dims)
         self.table = nn.Parameter(torch.randn(dims.max_seq_len, dims.d_model) * init_std)
+        self.max_positions = dims.max_seq_len
 
     def forward(self, x, offset: int = 0):
         T = x.shape[1]
