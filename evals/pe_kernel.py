@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from kernels.attention import log_weight_bias
+
 from .plots import save_figure
 
 
@@ -52,12 +54,9 @@ def relative_kernel(model, idx: torch.Tensor, layer: int = 0) -> dict[str, torch
         log_weight += c[:, -1:] - c
     if pe is not None and pe.kind == "score":
         q, k, _ = seen["qk"]
-        c, b = pe(q, k, offset=0)
-        if c is not None:
-            c = c.double().expand(B, T, -1)
-            log_weight += c[:, -1:] - c
-        if b is not None:
-            log_weight += b.double().expand(B, -1, T, T)[:, :, -1].transpose(1, 2)
+        a = log_weight_bias(T, T, device=x.device, dtype=torch.float64,
+                            **{n: t.double() for n, t in pe(q, k, offset=0).items()})
+        log_weight += a[:, :, -1].expand(B, mixer.n_heads, T).transpose(1, 2)  # row t = T - 1
     if gate is not None or pe is None or pe.kind == "score":  # rotary-only layers have no log-weight
         out["log-weight"] = log_weight.mean(0).T.flip(-1)  # [H, n]
     if pe is not None and pe.kind in ("rotary", "vo_rotary"):

@@ -1,39 +1,76 @@
-"""Decayed softmax attention: the one primitive behind every additive positional scheme.
+"""Decayed attention: the one causal attention primitive behind every additive positional scheme and forget gate.
 
-    o_i = sum_{j <= i} softmax_j( scale * q_i . k_j + (c_i - c_j) + b_ij ) v_j
+    o_i = sum_{j <= i} w_ij v_j / sum_{j <= i} w_ij,        s_ij = scale * q_i . k_j
+    softmax      (power=None):  w_ij = exp(s_ij + (c_i - c_j) - m_h (i - j) + b_ij)
+    symmetric power p (even):   w_ij = s_ij^p  exp((c_i - c_j) - m_h (i - j))                          (seed 003)
 
 - c is a cumulative log-decay, c_t = sum_{s <= t} log a_s with a_s in (0, 1]: the forget gate of a linear
-  recurrence written in log space (seed 000). ALiBi is the constant gate log a = -m_h (so c_i - c_j = -m_h (i - j));
-  FoX is the data-dependent gate log a_t = log sigmoid(w . x_t + b). NoPE is a = 1.
-- b is any other additive term (T5 buckets, Transformer-XL's position terms), shape broadcastable to [B, H, Tq, Tk].
+  recurrence written in log space (seed 000). FoX: log a_t = log sigmoid(w . x_t + b); sympow + gating: the same
+  gate multiplying (q.k)^p; NoPE: no c.
+- `slopes` m_h: ALiBi, the constant gate log a = -m_h, given as slopes so that -m_h (i - j) is computed from the
+  positions (a cumulative sum -m_h t, rounded to fp32 at t ~ 10^4, would blur nearby weights).
+- b is any other additive term (T5 buckets, Transformer-XL's position terms), broadcastable to [B, H, Tq, Tk].
+- p even keeps every w_ij >= 0, so each row is a distribution; the scale cancels between numerator and denominator
+  and only keeps s^p in range. c_i cancels the same way: only the key side c_j shapes the weights, and the gradient
+  reaching c_i from row i is zero (in exact arithmetic: the kernel adds it anyway, see _dq_kernel).
 
 Layout: q [B, Tq, H, D], k and v [B, Tk, H, D] with Tq <= Tk; the queries are the last Tq positions of the Tk keys
 (so the same call serves training, chunked prefill and one-token decoding with a KV cache). `log_decay` is c at the
-Tk key positions, [B, Tk, H]; the queries use its last Tq entries.
+Tk key positions, [B, Tk, H] (the queries use its last Tq entries). `cu_seqlens` [N + 1] marks the documents of a
+packed batch (B = 1, Tq = Tk): no token attends across a boundary.
 
-`decayed_attention` runs through torch's scaled_dot_product_attention (flash / cuDNN kernels when there is no bias);
-`decayed_attention_reference` is the formula written out, used as the oracle in tests (float64 on CPU).
+Three implementations of the same function:
+- `decayed_attention_reference`: the formula with explicit T x T scores (CPU path for sympow, test oracle).
+- a flash-style Triton kernel, forward and backward, memory linear in T: each program holds a block of queries (or,
+  in the backward, of keys) and streams the other side through on-chip memory. The softmax path keeps the online
+  max (exp2 with log2 e folded in); the power path needs no exponent and no running max: s^p is a product, an fp32
+  accumulator holds it for |s| up to ~10^9, and bf16 (the operand of the p.v product) has fp32's range. Away from
+  the diagonal the power path's gate factorises, exp(c_i - c_j) = exp(c_i - c_r) exp(c_r - c_j) with r the block's
+  last key (both factors <= 1), so it costs one multiply per score instead of an exponential. The interpreter runs
+  the kernel on a CPU when TRITON_INTERPRET=1 (how CI tests it).
+- `decayed_attention`: the entry point. On CUDA the Triton kernel whenever there is a gate, slopes, a power or
+  packed documents; plain causal softmax goes to torch's SDPA (cuDNN / FlashAttention); elsewhere the reference or
+  SDPA with an explicit mask.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without Triton use the reference
+    triton = None
 
-def _additive_bias(Tq, Tk, H, log_decay, bias, device, dtype):
-    """scale-free additive term (c_i - c_j) + b_ij with -inf above the causal diagonal: [B or 1, H, Tq, Tk]."""
+from .rotary import _chunk_table  # packed input: the same (document, block) table as the rotation kernel
+
+LOG2E = 1.4426950408889634
+
+
+def log_weight_bias(Tq, Tk, *, log_decay=None, slopes=None, bias=None, cu_seqlens=None, device=None,
+                    dtype=torch.float32):
+    """The additive log-weight (c_i - c_j) - m_h (i - j) + b_ij, -inf where j > i or across documents:
+    [B or 1, H or 1, Tq, Tk]."""
     i = torch.arange(Tk - Tq, Tk, device=device)[:, None]
     j = torch.arange(Tk, device=device)[None, :]
     out = torch.zeros(1, 1, Tq, Tk, device=device, dtype=dtype)
     if log_decay is not None:
         c = log_decay.to(dtype).transpose(1, 2)  # [B, H, Tk]
         out = out + (c[:, :, Tk - Tq:, None] - c[:, :, None, :])
+    if slopes is not None:
+        out = out - slopes.to(device=device, dtype=dtype)[None, :, None, None] * (i - j).to(dtype)
     if bias is not None:
         out = out + bias.to(dtype)
-    return out.masked_fill(j > i, float("-inf"))
+    allowed = j <= i
+    if cu_seqlens is not None:
+        doc = torch.bucketize(torch.arange(Tk, device=device), cu_seqlens.to(device)[1:], right=True)
+        allowed = allowed & (doc[Tk - Tq:, None] == doc[None, :])
+    return out.masked_fill(~allowed, float("-inf"))
 
 
 def varying_shapes():
@@ -44,12 +81,46 @@ def varying_shapes():
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def decayed_attention(q, k, v, *, log_decay=None, bias=None, scale=None):
-    B, Tq, H, D = q.shape
-    Tk = k.shape[1]
+def _check(q, k, v, log_decay, slopes, power, cu_seqlens):
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[::2] != k.shape[::2] or q.shape[1] > k.shape[1] \
+            or q.shape[3] != k.shape[3]:
+        raise ValueError(f"decayed_attention: q [B, Tq, H, D] and k, v [B, Tk, H, D] with Tq <= Tk, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, Tk, H = k.shape[:3]
+    if log_decay is not None and (log_decay.dim() != 3 or log_decay.shape[1:] != (Tk, H)
+                                  or log_decay.shape[0] not in (1, B)):
+        raise ValueError(f"decayed_attention: log_decay must be [B, Tk, H] = [{B}, {Tk}, {H}], "
+                         f"got {tuple(log_decay.shape)}")
+    if slopes is not None and slopes.shape != (H,):
+        raise ValueError(f"decayed_attention: slopes must be [H] = [{H}], got {tuple(slopes.shape)}")
+    if power is not None and (not isinstance(power, int) or power < 2 or power % 2):
+        raise ValueError(f"decayed_attention: power must be an even integer >= 2 (or None for softmax), got {power!r}")
+    if cu_seqlens is not None and (B != 1 or q.shape[1] != Tk):
+        raise ValueError("decayed_attention: packed input (cu_seqlens) needs B = 1 and Tq = Tk")
+
+
+def decayed_attention_reference(q, k, v, *, log_decay=None, slopes=None, bias=None, power=None, scale=None,
+                                cu_seqlens=None):
+    """Plain formula (explicit scores, normalised weights, weighted sum) in the dtype of q."""
+    _check(q, k, v, log_decay, slopes, power, cu_seqlens)
+    Tq, Tk, D = q.shape[1], k.shape[1], q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    a = log_weight_bias(Tq, Tk, log_decay=log_decay, slopes=slopes, bias=bias, cu_seqlens=cu_seqlens,
+                        device=q.device, dtype=q.dtype)
+    if power is None:
+        p = torch.softmax(s + a, dim=-1)
+    else:
+        w = s ** power * torch.exp(a)
+        p = w / w.sum(-1, keepdim=True)
+    return torch.einsum("bhij,bjhd->bihd", p, v)
+
+
+def _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens):
+    """Softmax through torch's SDPA (flash / cuDNN kernels when there is no additive term, else an explicit mask)."""
+    Tq, Tk = q.shape[1], k.shape[1]
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-    if log_decay is None and bias is None:
+    if log_decay is None and slopes is None and bias is None and cu_seqlens is None:
         if Tq == Tk:
             o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
         elif Tq == 1:  # one new token sees the whole cache
@@ -58,23 +129,404 @@ def decayed_attention(q, k, v, *, log_decay=None, bias=None, scale=None):
             i = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
             mask = torch.arange(Tk, device=q.device)[None, :] <= i
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-    else:
-        # c_i - c_j is a small difference of large numbers at long T, and a bf16 bias would round -m*1000 by
-        # several units: keep the bias, and so (SDPA wants one dtype) the whole call, in at least fp32.
-        # The fused decayed-attention kernel (issue #5) removes this cost.
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        mask = _additive_bias(Tq, Tk, H, log_decay, bias, q.device, dtype)
-        o = F.scaled_dot_product_attention(qh.to(dtype), kh.to(dtype), vh.to(dtype), attn_mask=mask, scale=scale)
-        o = o.to(q.dtype)
-    return o.transpose(1, 2)
+        return o.transpose(1, 2)
+    # c_i - c_j is a small difference of large numbers at long T, and a bf16 bias would round -m*1000 by several
+    # units: keep the bias, and so (SDPA wants one dtype) the whole call, in at least fp32.
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    mask = log_weight_bias(Tq, Tk, log_decay=log_decay, slopes=slopes, bias=bias, cu_seqlens=cu_seqlens,
+                           device=q.device, dtype=dtype)
+    o = F.scaled_dot_product_attention(qh.to(dtype), kh.to(dtype), vh.to(dtype), attn_mask=mask, scale=scale)
+    return o.to(q.dtype).transpose(1, 2)
 
 
-def decayed_attention_reference(q, k, v, *, log_decay=None, bias=None, scale=None):
-    """Plain formula (explicit scores, softmax, weighted sum) in the dtype of q."""
-    B, Tq, H, D = q.shape
-    Tk = k.shape[1]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
-    s = s + _additive_bias(Tq, Tk, H, log_decay, bias, q.device, q.dtype)
-    p = torch.softmax(s, dim=-1)
-    return torch.einsum("bhij,bjhd->bihd", p, v)
+# ----------------------------------------------------------------------------------------------------- Triton
+
+if triton is not None:
+    _L2E = tl.constexpr(LOG2E)
+
+    @triton.jit
+    def _block(pid, tab, cu, T, NB, BLOCK: tl.constexpr, VARLEN: tl.constexpr, KEYS: tl.constexpr):
+        """Program pid's block of BLOCK tokens: its document [bos, eos) and first token. Programs take the blocks
+        with the most work first (the last query blocks, the first key blocks), so the short ones fill the tail."""
+        if KEYS:
+            pid = tl.num_programs(0) - 1 - pid
+        if VARLEN:
+            n = tl.load(tab + 2 * pid)
+            i = tl.load(tab + 2 * pid + 1)
+            bos = tl.load(cu + n)
+            eos = tl.load(cu + n + 1)
+        else:
+            bos = (pid // NB) * T
+            i = NB - 1 - pid % NB
+            eos = bos + T
+        return bos, eos, bos + i * BLOCK
+
+    @triton.jit
+    def _cdiff(C, slope, t, ref, h, N, mask, DECAY: tl.constexpr, ALIBI: tl.constexpr):
+        """(c_t - c_ref) - m (t - ref) for a vector of positions t (fp32; 0 without decay). Per-token arrays are
+        [H, N] (N tokens in all), so a block's entries are contiguous."""
+        d = tl.zeros(t.shape, dtype=tl.float32)
+        if DECAY:
+            d += tl.load(C + h * N + t, mask=mask, other=0) - tl.load(C + h * N + ref)
+        if ALIBI:
+            d -= slope * (t - ref).to(tl.float32)
+        return d
+
+    @triton.jit
+    def _cshift(C, slope, r, ref, h, N, DECAY: tl.constexpr, ALIBI: tl.constexpr):
+        """(c_r - c_ref) - m (r - ref) for one position r."""
+        d = 0.0
+        if DECAY:
+            d += tl.load(C + h * N + r) - tl.load(C + h * N + ref)
+        if ALIBI:
+            d -= slope * (r - ref).to(tl.float32)
+        return d
+
+    @triton.jit
+    def _powp(s, POWER: tl.constexpr):
+        """s^(POWER - 1) and s^POWER by repeated multiplication (POWER even)."""
+        s2 = s * s
+        lo = s
+        for _ in tl.static_range(POWER // 2 - 1):
+            lo = lo * s2
+        return lo, lo * s
+
+    @triton.jit
+    def _fwd_steps(acc, l, m, q, rows, cr, K, V, C, slope, h, m0, lo, hi, eos, scale, s_kt, s_vt, N,
+                   D: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr, DECAY: tl.constexpr,
+                   ALIBI: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+        d = tl.arange(0, D)
+        for n0 in range(lo, hi, BN):
+            cols = n0 + tl.arange(0, BN)
+            kmask = cols < eos
+            k = tl.load(K + cols[:, None] * s_kt + h * D + d[None, :], mask=kmask[:, None], other=0)
+            v = tl.load(V + cols[:, None] * s_vt + h * D + d[None, :], mask=kmask[:, None], other=0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            if MASKED:
+                allowed = (cols[None, :] <= rows[:, None]) & kmask[None, :]
+            if POWER == 0:  # softmax in base 2: z = (s * scale + c_i - c_j) log2(e)
+                z = s * (scale * _L2E)
+                if DECAY or ALIBI:
+                    cc = _cdiff(C, slope, cols, m0, h, N, kmask, DECAY, ALIBI)
+                    z += cr[:, None] - (cc * _L2E)[None, :]
+                if MASKED:
+                    z = tl.where(allowed, z, float("-inf"))
+                m_new = tl.maximum(m, tl.max(z, 1))
+                alpha = tl.exp2(m - m_new)
+                p = tl.exp2(z - m_new[:, None])
+                l = l * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None]
+                m = m_new
+            else:
+                _, p = _powp(s * scale, POWER)
+                if MASKED:
+                    if DECAY or ALIBI:
+                        cc = _cdiff(C, slope, cols, m0, h, N, kmask, DECAY, ALIBI)
+                        p = p * tl.exp2((cr[:, None] - cc[None, :]) * _L2E)
+                    p = tl.where(allowed, p, 0.0)
+                elif DECAY or ALIBI:  # exp(c_i - c_r) exp(c_r - c_j), r = this block's last key
+                    r = n0 + BN - 1
+                    ri = cr - _cshift(C, slope, r, m0, h, N, DECAY, ALIBI)
+                    rj = _cdiff(C, slope, cols, r, h, N, kmask, DECAY, ALIBI)
+                    p = p * tl.exp2(ri * _L2E)[:, None] * tl.exp2(-rj * _L2E)[None, :]
+                l += tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        return acc, l, m
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, C, SLOPES, O, L, tab, cu, scale, T, NB, s_qt, s_kt, s_vt, s_ot, N,
+                    H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr,
+                    DECAY: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
+                    PREC: tl.constexpr):
+        pid, h = tl.program_id(0), tl.program_id(1)
+        bos, eos, m0 = _block(pid, tab, cu, T, NB, BM, VARLEN, False)
+        rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
+        rmask = rows < eos
+        q = tl.load(Q + rows[:, None] * s_qt + h * D + d[None, :], mask=rmask[:, None], other=0)
+        slope = tl.load(SLOPES + h) if ALIBI else 0.0
+        cr = _cdiff(C, slope, rows, m0, h, N, rmask, DECAY, ALIBI) * (_L2E if POWER == 0 else 1.0)
+        acc = tl.zeros([BM, D], dtype=tl.float32)
+        l = tl.zeros([BM], dtype=tl.float32)
+        m = tl.full([BM], float("-inf"), dtype=tl.float32)
+        # keys before the block (no mask; BM is a multiple of BN so they end exactly at m0), then the diagonal
+        acc, l, m = _fwd_steps(acc, l, m, q, rows, cr, K, V, C, slope, h, m0, bos, m0, eos, scale, s_kt, s_vt,
+                               N, D, BN, POWER, DECAY, ALIBI, False, PREC)
+        acc, l, m = _fwd_steps(acc, l, m, q, rows, cr, K, V, C, slope, h, m0, m0, tl.minimum(m0 + BM, eos), eos,
+                               scale, s_kt, s_vt, N, D, BN, POWER, DECAY, ALIBI, True, PREC)
+        l = tl.where(l == 0, 1.0, l)  # a row whose every score is 0 (power path) outputs 0, not NaN
+        tl.store(O + rows[:, None] * s_ot + h * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
+                 mask=rmask[:, None])
+        # the row statistic the backward pass needs: log2 of the softmax normaliser, or the power path's sum
+        tl.store(L + h * N + rows, m + tl.log2(l) if POWER == 0 else l, mask=rmask)
+
+    @triton.jit
+    def _probs(s, L, cr, cc, scale, POWER: tl.constexpr, DECAY: tl.constexpr, ALIBI: tl.constexpr,
+               MASKED: tl.constexpr):
+        """Weights P and G with dL/ds = G * (dP - Delta) for a tile of scores s in either orientation ([queries,
+        keys] or its transpose; L, cr (per query) and cc (per key) come broadcastable to it): softmax G = P, power
+        G = p s^(p-1) b / l. cr, cc: log-decays relative to a common reference; off the diagonal (not MASKED) the
+        power path's reference is the key block's last key r and cc = c_r - c_j."""
+        if POWER == 0:
+            z = s * (scale * _L2E)
+            if DECAY or ALIBI:
+                z += (cr - cc) * _L2E
+            p = tl.exp2(z - L)
+            return p, p
+        lo, hi = _powp(s * scale, POWER)
+        inv = 1.0 / L
+        if DECAY or ALIBI:
+            if not MASKED:
+                col = tl.exp2(cc * _L2E)
+                inv = inv * tl.exp2(cr * _L2E)
+            else:
+                col = tl.exp2((cr - cc) * _L2E)
+            lo = lo * col
+            hi = hi * col
+        return hi * inv, lo * (POWER * inv)
+
+    @triton.jit
+    def _dkdv_steps(dk, dv, dc, k, v, cols, kmask, Q, DO, L, DL, C, slope, h, n0, lo, hi, eos, scale, s_qt, s_dot,
+                    N, H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    POWER: tl.constexpr, DECAY: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr,
+                  PREC: tl.constexpr):
+        d = tl.arange(0, D)
+        if POWER != 0 and not MASKED:  # off-diagonal power path: exp(c_r - c_j) per key, exp(c_i - c_r) per query
+            r = tl.minimum(n0 + BN, eos) - 1
+            cc = -_cdiff(C, slope, cols, r, h, N, kmask, DECAY, ALIBI)
+        else:
+            r = n0
+            cc = _cdiff(C, slope, cols, r, h, N, kmask, DECAY, ALIBI)
+        for m0 in range(lo, hi, BM):
+            rows = m0 + tl.arange(0, BM)
+            rmask = rows < eos
+            q = tl.load(Q + rows[:, None] * s_qt + h * D + d[None, :], mask=rmask[:, None], other=0)
+            do = tl.load(DO + rows[:, None] * s_dot + h * D + d[None, :], mask=rmask[:, None], other=0)
+            Lr = tl.load(L + h * N + rows, mask=rmask, other=1.0)
+            Dr = tl.load(DL + h * N + rows, mask=rmask, other=0)
+            cr = _cdiff(C, slope, rows, r, h, N, rmask, DECAY, ALIBI)
+            sT = tl.dot(k, tl.trans(q), input_precision=PREC)
+            pT, gT = _probs(sT, Lr[None, :], cr[None, :], cc[:, None], scale, POWER, DECAY, ALIBI, MASKED)
+            allowed = rmask[None, :] & kmask[:, None]
+            if MASKED:
+                allowed = allowed & (cols[:, None] <= rows[None, :])
+            pT = tl.where(allowed, pT, 0.0)
+            gT = tl.where(allowed, gT, 0.0)
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
+            dpT = tl.dot(v, tl.trans(do), input_precision=PREC) - Dr[None, :]
+            dsT = gT * dpT
+            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+            if DECAY:
+                dc -= tl.sum(pT * dpT, 1)
+        return dk, dv, dc
+
+    @triton.jit
+    def _dkdv_kernel(Q, K, V, C, SLOPES, DO, L, DL, DK, DV, DC, tab, cu, scale, T, NB, s_qt, s_kt, s_vt,
+                     s_dot, N, H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     POWER: tl.constexpr, DECAY: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
+                    PREC: tl.constexpr):
+        """One block of BN keys: dk, dv and dc (= -sum_i dz_ij) from every query after it (BN a multiple of BM)."""
+        pid, h = tl.program_id(0), tl.program_id(1)
+        bos, eos, n0 = _block(pid, tab, cu, T, NB, BN, VARLEN, True)
+        cols, d = n0 + tl.arange(0, BN), tl.arange(0, D)
+        kmask = cols < eos
+        k = tl.load(K + cols[:, None] * s_kt + h * D + d[None, :], mask=kmask[:, None], other=0)
+        v = tl.load(V + cols[:, None] * s_vt + h * D + d[None, :], mask=kmask[:, None], other=0)
+        slope = tl.load(SLOPES + h) if ALIBI else 0.0
+        dk = tl.zeros([BN, D], dtype=tl.float32)
+        dv = tl.zeros([BN, D], dtype=tl.float32)
+        dc = tl.zeros([BN], dtype=tl.float32)
+        diag_end = tl.minimum(n0 + BN, eos)
+        dk, dv, dc = _dkdv_steps(dk, dv, dc, k, v, cols, kmask, Q, DO, L, DL, C, slope, h, n0, n0, diag_end, eos,
+                                 scale, s_qt, s_dot, N, H, D, BM, BN, POWER, DECAY, ALIBI, True, PREC)
+        dk, dv, dc = _dkdv_steps(dk, dv, dc, k, v, cols, kmask, Q, DO, L, DL, C, slope, h, n0, diag_end, eos, eos,
+                                 scale, s_qt, s_dot, N, H, D, BM, BN, POWER, DECAY, ALIBI, False, PREC)
+        o = cols[:, None] * (H * D) + h * D + d[None, :]  # gradients are contiguous [N, H, D]
+        tl.store(DK + o, (dk * scale).to(DK.dtype.element_ty), mask=kmask[:, None])
+        tl.store(DV + o, dv.to(DV.dtype.element_ty), mask=kmask[:, None])
+        if DECAY:
+            tl.store(DC + h * N + cols, dc, mask=kmask)
+
+    @triton.jit
+    def _dq_steps(dq, dcr, q, do, rows, cr0, Lr, Dr, K, V, C, slope, h, m0, lo, hi, eos, scale, s_kt, s_vt, N,
+                  D: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr, DECAY: tl.constexpr, ALIBI: tl.constexpr,
+                  MASKED: tl.constexpr,
+                  PREC: tl.constexpr):
+        d = tl.arange(0, D)
+        for n0 in range(lo, hi, BN):
+            cols = n0 + tl.arange(0, BN)
+            kmask = cols < eos
+            if POWER != 0 and not MASKED:  # factored gate, reference r = the key block's last key
+                r = n0 + BN - 1
+                cr = cr0 - _cshift(C, slope, r, m0, h, N, DECAY, ALIBI)
+                cc = -_cdiff(C, slope, cols, r, h, N, kmask, DECAY, ALIBI)
+            else:
+                cr = cr0
+                cc = _cdiff(C, slope, cols, m0, h, N, kmask, DECAY, ALIBI)
+            k = tl.load(K + cols[:, None] * s_kt + h * D + d[None, :], mask=kmask[:, None], other=0)
+            v = tl.load(V + cols[:, None] * s_vt + h * D + d[None, :], mask=kmask[:, None], other=0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            p, g = _probs(s, Lr[:, None], cr[:, None], cc[None, :], scale, POWER, DECAY, ALIBI, MASKED)
+            if MASKED:
+                allowed = (cols[None, :] <= rows[:, None]) & kmask[None, :]
+                p = tl.where(allowed, p, 0.0)
+                g = tl.where(allowed, g, 0.0)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC) - Dr[:, None]
+            dq = tl.dot((g * dp).to(k.dtype), k, dq, input_precision=PREC)
+            if DECAY:
+                dcr += tl.sum(p * dp, 1)
+        return dq, dcr
+
+    @triton.jit
+    def _dq_kernel(Q, K, V, C, SLOPES, DO, L, DL, DQ, DC, tab, cu, scale, T, NB, s_qt, s_kt, s_vt, s_dot, N,
+                   H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr,
+                   DECAY: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
+                    PREC: tl.constexpr):
+        """One block of BM queries: dq from every key up to it (BM a multiple of BN), and the row part of dc,
+        sum_j dz_ij. It is zero in exact arithmetic, but adding it makes dc consistent with the Delta_i the column part
+        used (Delta comes from the rounded output), which cancels most of that rounding from the gate's gradient."""
+        pid, h = tl.program_id(0), tl.program_id(1)
+        bos, eos, m0 = _block(pid, tab, cu, T, NB, BM, VARLEN, False)
+        rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
+        rmask = rows < eos
+        q = tl.load(Q + rows[:, None] * s_qt + h * D + d[None, :], mask=rmask[:, None], other=0)
+        do = tl.load(DO + rows[:, None] * s_dot + h * D + d[None, :], mask=rmask[:, None], other=0)
+        Lr = tl.load(L + h * N + rows, mask=rmask, other=1.0)
+        Dr = tl.load(DL + h * N + rows, mask=rmask, other=0)
+        slope = tl.load(SLOPES + h) if ALIBI else 0.0
+        dq = tl.zeros([BM, D], dtype=tl.float32)
+        dcr = tl.zeros([BM], dtype=tl.float32)
+        cr0 = _cdiff(C, slope, rows, m0, h, N, rmask, DECAY, ALIBI)
+        dq, dcr = _dq_steps(dq, dcr, q, do, rows, cr0, Lr, Dr, K, V, C, slope, h, m0, bos, m0, eos, scale, s_kt,
+                            s_vt, N, D, BN, POWER, DECAY, ALIBI, False, PREC)
+        dq, dcr = _dq_steps(dq, dcr, q, do, rows, cr0, Lr, Dr, K, V, C, slope, h, m0, m0, tl.minimum(m0 + BM, eos),
+                            eos, scale, s_kt, s_vt, N, D, BN, POWER, DECAY, ALIBI, True, PREC)
+        tl.store(DQ + rows[:, None] * (H * D) + h * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+                 mask=rmask[:, None])
+        if DECAY:
+            tl.store(DC + h * N + rows, dcr, mask=rmask)
+
+
+# Tile sizes: (held block, inner block, warps, stages) per kernel. The held block is shared by all three kernels (one
+# block table for packed input); inner blocks must divide it. scripts/bench_attention.py sweeps them; these are the
+# fastest on an H100 at D = 64 (the power path's dk/dv kernel holds more tiles at once and wants a smaller inner
+# block).
+CONFIG = {"block": 128, "fwd": (64, 4, 3), "dkdv": (32, 4, 3), "dkdv_power": (16, 4, 3), "dq": (64, 4, 3)}
+INTERPRETER_CONFIG = {"block": 32, "fwd": (16, 4, 1), "dkdv": (16, 4, 1), "dkdv_power": (16, 4, 1),
+                      "dq": (16, 4, 1)}
+
+
+def _config():
+    return INTERPRETER_CONFIG if os.environ.get("TRITON_INTERPRET") == "1" else CONFIG
+
+
+def _precision(q):
+    """fp32 inputs get fp32 products (tf32 would round them to 10 bits); 16-bit inputs are exact in any case."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
+def _block_table(cu_seqlens, BLOCK, device):
+    """Packed input: one (document, block-within-document) row per program, blocks with the most keys first."""
+    tab, cu = _chunk_table(cu_seqlens, BLOCK, device)
+    return tab[torch.argsort(tab[:, 1], descending=True, stable=True)].contiguous(), cu
+
+
+class _DecayedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, c, slopes, power, scale, cu_seqlens):
+        B, T, H, D = q.shape
+        cfg = _config()
+        BLOCK = cfg["block"]
+        flat = [t.reshape(B * T, H, D) for t in (q, k, v)]
+        qf, kf, vf = [t if t.stride(-1) == 1 and t.stride(1) == D else t.contiguous() for t in flat]
+        # per-token arrays (c, the row statistic, Delta, dc) are [H, N]: a block of tokens is contiguous
+        cf = None if c is None else c.float().expand(B, T, H).reshape(B * T, H).t().contiguous()
+        if cu_seqlens is not None:
+            tab, cu = _block_table(cu_seqlens, BLOCK, q.device)
+            grid, NB = (tab.shape[0], H), 0
+        else:
+            tab = cu = qf
+            NB = triton.cdiv(T, BLOCK)
+            grid = (B * NB, H)
+        sl = slopes.float().contiguous() if slopes is not None else qf
+        o = torch.empty(B * T, H, D, device=q.device, dtype=q.dtype)
+        L = torch.empty(H, B * T, device=q.device, dtype=torch.float32)
+        bn, warps, stages = cfg["fwd"]
+        _fwd_kernel[grid](qf, kf, vf, cf if cf is not None else qf, sl, o, L, tab, cu, scale, T, NB,
+                          qf.stride(0), kf.stride(0), vf.stride(0), o.stride(0), B * T, H=H, D=D, BM=BLOCK, BN=bn,
+                          POWER=power or 0, DECAY=c is not None, ALIBI=slopes is not None,
+                          VARLEN=cu_seqlens is not None, PREC=_precision(q), num_warps=warps, num_stages=stages)
+        ctx.save_for_backward(qf, kf, vf, o, cf, sl, L, tab, cu)
+        ctx.meta = (B, T, H, D, power or 0, scale, NB, grid, c is not None, slopes is not None,
+                    cu_seqlens is not None)
+        return o.view(B, T, H, D)
+
+    @staticmethod
+    def backward(ctx, do):
+        qf, kf, vf, o, cf, sl, L, tab, cu = ctx.saved_tensors
+        B, T, H, D, power, scale, NB, grid, decay, alibi, varlen = ctx.meta
+        cfg = _config()
+        dof = do.reshape(B * T, H, D)
+        dof = dof if dof.stride(-1) == 1 and dof.stride(1) == D else dof.contiguous()
+        delta = (dof.float() * o.float()).sum(-1).t().contiguous()  # Delta_i = sum_j P_ij dP_ij = do_i . o_i
+        dq, dk, dv = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
+        dc = torch.empty(2, H, B * T, device=qf.device, dtype=torch.float32) if decay else L[None].expand(2, -1, -1)
+        args = (cf if decay else qf, sl, dof, L, delta)
+        common = dict(H=H, D=D, POWER=power, DECAY=decay, ALIBI=alibi, VARLEN=varlen, PREC=_precision(qf))
+        bm, warps, stages = cfg["dkdv_power" if power else "dkdv"]
+        _dkdv_kernel[grid](qf, kf, vf, *args, dk, dv, dc[0], tab, cu, scale, T, NB, qf.stride(0), kf.stride(0),
+                           vf.stride(0), dof.stride(0), B * T, BM=bm, BN=cfg["block"], num_warps=warps,
+                           num_stages=stages, **common)
+        bn, warps, stages = cfg["dq"]
+        _dq_kernel[grid](qf, kf, vf, *args, dq, dc[1], tab, cu, scale, T, NB, qf.stride(0), kf.stride(0), vf.stride(0),
+                         dof.stride(0), B * T, BM=cfg["block"], BN=bn, num_warps=warps, num_stages=stages, **common)
+        shape = (B, T, H, D)
+        return (dq.view(shape), dk.view(shape), dv.view(shape), dc.sum(0).t().reshape(B, T, H) if decay else None,
+                None, None, None, None)
+
+
+@torch.compiler.disable
+def _fused(q, k, v, c, slopes, power, scale, cu_seqlens):
+    """The kernel call, kept out of torch.compile's graphs: Inductor would re-generate the launch and pass the
+    scale as fp64 (a graph break per layer costs less than a kernel of its own)."""
+    return _DecayedAttention.apply(q, k, v, c, slopes, power, scale, cu_seqlens)
+
+
+def _triton_ok(q, k, bias):
+    D = q.shape[-1]
+    return (triton is not None and q.is_cuda and q.shape[1] == k.shape[1] and bias is None
+            and D in (16, 32, 64, 128) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
+def decayed_attention(q, k, v, *, log_decay=None, slopes=None, bias=None, power=None, scale=None, cu_seqlens=None,
+                      impl: str | None = None):
+    """o [B, Tq, H, D]; see the module docstring. log_decay: c [B, Tk, H]; slopes: ALiBi's m [H]; bias: b_ij
+    broadcastable to [B, H, Tq, Tk] (softmax only, not in the kernel); power: None (softmax) or an even p;
+    scale: default 1/sqrt(D); cu_seqlens: document boundaries of packed input (B = 1).
+    impl: "triton", "torch", or default: the Triton kernel on CUDA when it applies and beats SDPA (any gate, slopes,
+    power or packing, Tq = Tk, no bias, D in 16/32/64/128), SDPA for plain causal softmax, the reference for the
+    power path elsewhere."""
+    _check(q, k, v, log_decay, slopes, power, cu_seqlens)
+    if power is not None and bias is not None:
+        raise ValueError("decayed_attention: an additive bias b_ij needs softmax scores (power=None)")
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if impl is None:
+        special = log_decay is not None or slopes is not None or power is not None or cu_seqlens is not None
+        impl = "triton" if special and _triton_ok(q, k, bias) else "torch"
+    if impl == "triton":
+        if not _triton_ok(q, k, bias) and not (os.environ.get("TRITON_INTERPRET") == "1" and triton is not None
+                                               and q.shape[1] == k.shape[1] and bias is None
+                                               and D in (16, 32, 64, 128) and q.dtype != torch.float64):
+            raise ValueError("decayed_attention: impl='triton' needs CUDA (or TRITON_INTERPRET=1), Tq = Tk, no bias, "
+                             f"D in 16/32/64/128 and a fp32/bf16/fp16 dtype; got D={D}, {q.dtype}, Tq={q.shape[1]}, "
+                             f"Tk={k.shape[1]}, bias={'yes' if bias is not None else 'no'}")
+        c = None if log_decay is None else log_decay.expand(q.shape[0], -1, -1)
+        return _fused(q, k, v, c, slopes, power, scale, cu_seqlens)
+    if impl != "torch":
+        raise ValueError(f"decayed_attention: impl must be 'triton' or 'torch', got {impl!r}")
+    if power is not None:  # explicit scores, in fp32 at least (s^p and exp(c_i - c_j))
+        dt = torch.promote_types(q.dtype, torch.float32)
+        o = decayed_attention_reference(q.to(dt), k.to(dt), v.to(dt), log_decay=log_decay, slopes=slopes,
+                                        power=power, scale=scale, cu_seqlens=cu_seqlens)
+        return o.to(q.dtype)
+    return _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens)

@@ -75,15 +75,17 @@ def test_rope_scores_depend_only_on_distance():
 
 
 def test_alibi_equals_explicit_linear_bias():
-    """ALiBi as a cumulative log-decay == softmax(q.k/sqrt(d) - m_h |i - j|) written out (seed 002)."""
+    """ALiBi's slopes, and the cumulative log-decay c_t = -m_h t, == softmax(q.k/sqrt(d) - m_h |i - j|) written out
+    (seed 002)."""
     H, T = 4, 11
     q, k, v = qkv(T=T, H=H)
-    log_decay, _ = ALiBi(Dims(32, H, 8, 64))(q, k)
+    score = ALiBi(Dims(32, H, 8, 64))(q, k)
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     m = torch.tensor([2 ** (-8 * h / H) for h in range(1, H + 1)])
     bias = -(m[:, None, None] * (i - j).abs()).unsqueeze(0)
-    torch.testing.assert_close(decayed_attention(q, k, v, log_decay=log_decay.double()),
-                               decayed_attention_reference(q, k, v, bias=bias))
+    want = decayed_attention_reference(q, k, v, bias=bias)
+    torch.testing.assert_close(decayed_attention(q, k, v, slopes=score["slopes"].double()), want)
+    torch.testing.assert_close(decayed_attention(q, k, v, log_decay=-(m * torch.arange(T)[:, None])[None]), want)
     assert alibi_slopes(8)[0] == 0.5 and alibi_slopes(8)[-1] == 2 ** -8
 
 
@@ -135,7 +137,7 @@ def test_t5_bias_lookup():
     pe = T5Bias(Dims(16, 2, 8, 64))
     torch.nn.init.normal_(pe.table)
     q, k = torch.randn(1, 3, 2, 8), torch.randn(1, 10, 2, 8)
-    _, bias = pe(q, k)
+    bias = pe(q, k)["bias"]
     for n, i in enumerate(range(7, 10)):
         for j in range(10):
             expect = pe.table[t5_bucket(torch.tensor(max(i - j, 0)), 32, 128), 1]
@@ -148,7 +150,7 @@ def test_xl_bias_matches_the_four_term_formula():
     torch.nn.init.normal_(pe.u)
     torch.nn.init.normal_(pe.v)
     q, k = torch.randn(1, Tq, H, D), torch.randn(1, Tk, H, D)
-    _, bias = pe(q, k)
+    bias = pe(q, k)["bias"]
     W = pe.W_R.weight.view(H, D, d_model)
     for n, i in enumerate(range(Tk - Tq, Tk)):
         for j in range(i + 1):

@@ -13,8 +13,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 
 @pytest.mark.parametrize("T", [256, 200])
-@pytest.mark.parametrize("name", ["gla", "simple_gla", "delta_rule", "gated_delta_rule", "oja", "fox", "path",
-                                  "path_fox"])
+@pytest.mark.parametrize("name", ["gla", "simple_gla", "delta_rule", "gated_delta_rule", "oja", "fox", "alibi",
+                                  "sympow2", "sympow2_gated", "sympow4_gated", "path", "path_fox"])
 def test_kernel_matches_reference(name, T):
     from kernel_check import check
     err = check(name, B=2, T=T, H=4, D=64)
@@ -22,7 +22,7 @@ def test_kernel_matches_reference(name, T):
 
 
 @pytest.mark.parametrize("backbone", ["transformer", "linear_attn", "gla", "deltanet", "gated_deltanet", "retnet",
-                                      "mamba2", "fox", "path", "path_fox", "gated_oja"])
+                                      "mamba2", "fox", "sympow", "path", "path_fox", "gated_oja"])
 def test_backbone_trains_on_gpu(backbone):
     from model import build_model
     torch.manual_seed(0)

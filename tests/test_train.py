@@ -3,6 +3,7 @@ DDP, sweeps, wandb, and evaluation of the checkpoint."""
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -205,3 +206,16 @@ def test_eval_perplexity_equals_training_validation_and_sample(tmp_path, data_ca
         eval_lib.run(compose([f"ckpt={tmp_path}/nothing", "mode=perplexity"], "eval"))
     with pytest.raises(ConfigError, match="valid choices"):
         eval_lib.run(compose([f"ckpt={tmp_path}", "mode=bleu"], "eval"))
+
+
+@pytest.mark.parametrize("arch,extra", [("sympow", ["backbone.power=4"]), ("sympow_gating", []),
+                                        ("conformal_sympow", ["backbone.recurrent=true"])])
+def test_seed003_architectures_train(tmp_path, data_cache, arch, extra):
+    """The named architectures of seed 003 train from train.py (the extra embedding norm on) and their loss falls."""
+    res = train_lib.run(compose(tiny_overrides(tmp_path, data_cache, f"arch={arch}", "train.steps=12",
+                                               "optim.lr=1e-2", *extra)))
+    cfg = (tmp_path / "config.yaml").read_text()
+    assert "embed_norm: true" in cfg and "name: sympow" in cfg
+    assert ("gating: true" in cfg) == (arch != "sympow") and ("learned_rotation" in cfg) == (arch == "conformal_sympow")
+    loss = _losses(tmp_path)
+    assert loss[12] < loss[1] - 0.3 and math.isfinite(res["val_loss"]), loss

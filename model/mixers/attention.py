@@ -3,6 +3,7 @@
     q, k, v = x W_q, x W_k, x W_v                    (H heads of size D = d_model / H)
     q, k    = rotary scheme (if any) applied at absolute positions
     o_i     = sum_{j<=i} softmax_j(q_i.k_j / sqrt(D) + (c_i - c_j) + b_ij) v_j      (kernels/attention.py)
+              (ALiBi: c_i - c_j = -m_h (i - j), the fused kernel on CUDA; no score scheme: SDPA)
     y       = o W_o
 
 A score scheme supplies the log-decay c (ALiBi) and/or the bias b (T5, Transformer-XL); VO-RoPE rotates v_j by R_j
@@ -47,10 +48,8 @@ class SoftmaxAttention(Mixer):
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
             cache.update(k=k, v=v, offset=offset + T)
-        log_decay = bias = None
-        if self.pe is not None and self.pe.kind == "score":
-            log_decay, bias = self.pe(q, k, offset=offset)
-        o = decayed_attention(q, k, v, log_decay=log_decay, bias=bias)
+        score = self.pe(q, k, offset=offset) if self.pe is not None and self.pe.kind == "score" else {}
+        o = decayed_attention(q, k, v, **score)
         if vo:
             o = rotate(o, -phi)
         return self.o_proj(o.reshape(B, T, self.d_model))

@@ -1,7 +1,7 @@
 """Forgetting Transformer (Lin et al. 2025), the `fox` backbone: softmax attention with a data-dependent forget gate.
 
     f_t  = logsigmoid(x_t w_f + b_f)          one log gate per head and token
-    c_t  = sum_{s<=t} f_s,  score_ij = q_i.k_j / sqrt(D) + c_i - c_j        (kernels/attention.py; FLA on CUDA)
+    c_t  = sum_{s<=t} f_s,  score_ij = q_i.k_j / sqrt(D) + c_i - c_j        (kernels/attention.py, fused on CUDA)
     "pro" options (each a flag): q/k RMSNorm (qk_norm), output gate y = W_o [o * sigmoid(x W_g)] (output_gate),
     short causal convolutions on q, k, v (short_conv).
 
@@ -15,18 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.attention import decayed_attention
-
 from .base import Mixer, register, residual_linear
-from .layers import ShortConv, up
-
-
-def forgetting_attention(q, k, v, log_gate):
-    """Training form: FLA's parallel_forgetting_attn on CUDA, decayed attention with c = cumsum(f) elsewhere."""
-    if q.is_cuda:
-        from fla.ops.forgetting_attn import parallel_forgetting_attn
-        return parallel_forgetting_attn(q, k, v, log_gate.float())
-    return decayed_attention(q, k, v, log_decay=torch.cumsum(log_gate, 1))
+from .layers import ShortConv, gated_attention, up
 
 
 @register("fox")
@@ -60,15 +50,7 @@ class FoX(Mixer):
         f = self.log_gate(x)
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
-        if cache is None:
-            o = forgetting_attention(q, k, v, f)
-        else:
-            c = torch.cumsum(f, 1) + (cache["c"][:, -1:] if "c" in cache else 0)
-            if "k" in cache:
-                k, v, c = (torch.cat([cache[n], t], 1) for n, t in (("k", k), ("v", v), ("c", c)))
-            cache.update(k=k, v=v, c=c, offset=offset + T)
-            o = decayed_attention(q, k, v, log_decay=c)
-        o = o.reshape(B, T, self.d_model)
+        o = gated_attention(q, k, v, f, cache, offset).reshape(B, T, self.d_model)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)

@@ -1,10 +1,13 @@
-"""Small pieces several mixers share: the causal short convolution and the gated output norm."""
+"""Small pieces several mixers share: the causal short convolution, the gated output norm, gated attention with
+its KV cache."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels.attention import decayed_attention
 
 
 class ShortConv(nn.Module):
@@ -74,3 +77,20 @@ class ScalarDecay(nn.Module):
 
     def forward(self, x):
         return -torch.exp(up(self.A_log)) * F.softplus(up(self.a_proj(x)) + self.dt_bias)
+
+
+def gated_attention(q, k, v, log_gate, cache: dict | None, offset: int, power: int | None = None):
+    """Softmax (power None) or symmetric-power attention with a forget gate (log_gate [B, T, H], or None), c the
+    cumulative sum of the gate: the training form over the whole sequence, or with a KV cache (keys, values and the
+    running c) for generation: FoX and sympow."""
+    c = None if log_gate is None else torch.cumsum(up(log_gate), 1)
+    if cache is not None:
+        if c is not None and "c" in cache:
+            c = c + cache["c"][:, -1:]
+        if "k" in cache:
+            k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
+            c = None if c is None else torch.cat([cache["c"], c], 1)
+        cache.update(k=k, v=v, offset=offset + q.shape[1])
+        if c is not None:
+            cache["c"] = c
+    return decayed_attention(q, k, v, log_decay=c, power=power)

@@ -1,7 +1,9 @@
 """ALiBi (Press et al.): score_ij += -m_h (i - j), slopes m_h = 2^(-8h/H), h = 1..H.
 
-Written as a cumulative log-decay with the constant per-head gate log a = -m_h: c_t = -m_h t, c_i - c_j = -m_h (i-j).
-That is RetNet's fixed scalar decay gamma_h = exp(-m_h) seen from the softmax side (seed 000, section 2)."""
+A cumulative log-decay with the constant per-head gate log a = -m_h: c_t = -m_h t, c_i - c_j = -m_h (i-j). That is
+RetNet's fixed scalar decay gamma_h = exp(-m_h) seen from the softmax side (seed 000, section 2), and FoX with a
+constant forget gate (seed 003, appendix A.1). The slopes go to kernels/attention.py as they are, which computes
+-m_h (i - j) from the positions (exact where c_t = -m_h t in fp32 would not be at t ~ 10^4)."""
 
 import torch
 
@@ -21,6 +23,4 @@ class ALiBi(PositionalScheme):
         self.register_buffer("slopes", alibi_slopes(dims.n_heads), persistent=False)
 
     def forward(self, q, k, *, offset: int = 0):
-        t = torch.arange(k.shape[1], device=k.device, dtype=torch.float32)
-        log_decay = -(t[:, None] * self.slopes.to(k.device)[None, :])[None]  # [1, Tk, H]
-        return log_decay, None
+        return {"slopes": self.slopes.to(k.device)}

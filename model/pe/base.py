@@ -6,8 +6,9 @@ A scheme acts in one of four places (its `kind`), and a mixer lists the kinds it
     none       nothing                                         nope
     absolute   the token embeddings, once, in the trunk        sinusoidal, learned
     rotary     q and k inside the mixer: forward(q, k, ...)    rope
-    score      the attention scores: an additive log-decay     alibi, t5, xl
-               c_i - c_j and/or a bias b_ij (kernels/attention.py)
+    score      the attention scores: forward(q, k, offset) returns alibi, t5, xl
+               decayed_attention's keyword arguments: a log-decay
+               (slopes, log_decay) and/or a bias b_ij (kernels/attention.py)
     vo_rotary  the values (R_j v_j) and the output (R_t^T o_t) vo_rope
 
 Relative schemes (rotary, score) are built once per layer and owned by that layer's mixer.
@@ -19,6 +20,8 @@ import inspect
 from dataclasses import dataclass
 
 from torch import nn
+
+from kernels.rotary import cumulative_rotation
 
 KINDS = ("none", "absolute", "rotary", "score", "vo_rotary")
 REGISTRY: dict[str, type["PositionalScheme"]] = {}
@@ -56,6 +59,26 @@ class PositionalScheme(nn.Module):
     def bind(self, mixer) -> None:
         """Called once the owning mixer exists: a scheme with parameters shaped by the mixer (its q/k head size,
         whether it is softmax attention) creates them here. Most schemes need nothing."""
+
+
+class AccumulatedRotation(PositionalScheme):
+    """A rotary scheme whose angles accumulate data-dependent increments, phi_t = theta * (phi_0 + sum_{s<=t}
+    dphi_s) (kernels/rotary.py): a subclass sets `theta` in bind() and gives `increments(q, x, cache)`, [B, T, H, D/2]
+    or [B, T, H, 1]. Decoding caches the running angle."""
+    kind = "rotary"
+
+    def increments(self, q, x, cache=None):
+        raise NotImplementedError
+
+    def forward(self, q, k, *, offset: int = 0, x=None, cache=None):
+        if not hasattr(self, "theta"):
+            raise RuntimeError(f"pe={self.name} was not bound to a mixer (build models with model.build_model)")
+        dphi = self.increments(q, x, cache)
+        phi0 = None if cache is None else cache.get("phi")
+        q, k, phi_T = cumulative_rotation(q, k, dphi, self.theta, phi0=phi0)
+        if cache is not None:
+            cache["phi"] = phi_T
+        return q, k
 
 
 def check_options(cls, options: dict, what: str) -> None:

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.rotary import cumulative_rotation, rope_frequencies
+from kernels.rotary import rope_frequencies
 
 from ..mixers.layers import ShortConv, l2norm
-from .base import ConfigError, PositionalScheme, register
+from .base import AccumulatedRotation, ConfigError, register
 
 TEMPERATURES = ("rope", "tan")
 
@@ -48,8 +48,7 @@ def temperatures(schedule: str, dim: int, base: float, temp_max: float = 1.0) ->
 
 
 @register("selective_rope")
-class SelectiveRoPE(PositionalScheme):
-    kind = "rotary"
+class SelectiveRoPE(AccumulatedRotation):
 
     def __init__(self, dims, *, conv_size: int = 4, phase_gate: bool = False, bias: bool = False,
                  weight_norm: bool = False, temperature: str = "rope", base: float = 500000.0,
@@ -95,17 +94,8 @@ class SelectiveRoPE(PositionalScheme):
         if self.bias is not None:
             u = u + self.bias.to(u.dtype)
         if self.gate is not None:
+            if x is None:
+                raise ValueError("pe=selective_rope with phase_gate needs the block input x")
             u = u * torch.sigmoid(self.gate(F.normalize(x, dim=-1)))[..., None].to(u.dtype)
         return u
 
-    def forward(self, q, k, *, offset: int = 0, x=None, cache=None):
-        if not hasattr(self, "theta"):
-            raise RuntimeError("pe=selective_rope was not bound to a mixer (build models with model.build_model)")
-        if self.gate is not None and x is None:
-            raise ValueError("pe=selective_rope with phase_gate needs the block input x")
-        dphi = self.increments(q, x, cache)
-        phi0 = None if cache is None else cache.get("phi")
-        q, k, phi_T = cumulative_rotation(q, k, dphi, self.theta, phi0=phi0)
-        if cache is not None:
-            cache["phi"] = phi_T
-        return q, k

@@ -36,4 +36,4 @@ class T5Bias(PositionalScheme):
         i = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
         j = torch.arange(Tk, device=q.device)[None, :]
         b = self.table[t5_bucket(i - j, self.num_buckets, self.max_distance)]  # [Tq, Tk, H]
-        return None, b.permute(2, 0, 1)[None]
+        return {"bias": b.permute(2, 0, 1)[None]}

@@ -37,4 +37,4 @@ class TransformerXL(PositionalScheme):
         dist = (i - torch.arange(Tk, device=q.device)[None, :]).clamp(min=0)  # masked entries read distance 0
         pos = torch.gather(pos, 3, dist.expand(B, H, Tq, Tk))
         glob = torch.einsum("hd,bjhd->bhj", self.u.to(k.dtype), k)[:, :, None, :]
-        return None, (pos + glob) / math.sqrt(D)
+        return {"bias": (pos + glob) / math.sqrt(D)}
