@@ -49,6 +49,9 @@ except ImportError:  # CPU-only installs without Triton use the reference
 
 from .rotary import _chunk_table  # packed input: the same (document, block) table as the rotation kernel
 
+if triton is not None:
+    from .rotary import _chunk
+
 LOG2E = 1.4426950408889634
 
 
@@ -146,20 +149,20 @@ if triton is not None:
 
     @triton.jit
     def _block(pid, tab, cu, T, NB, BLOCK: tl.constexpr, VARLEN: tl.constexpr, KEYS: tl.constexpr):
-        """Program pid's block of BLOCK tokens: its document [bos, eos) and first token. Programs take the blocks
-        with the most work first (the last query blocks, the first key blocks), so the short ones fill the tail."""
+        """Program pid's block of BLOCK tokens: its document [bos, eos) and first token (the rotation kernel's
+        chunk lookup). Programs take the blocks with the most work first (the last query blocks, the first key
+        blocks), so the short ones fill the tail; a packed batch's table is sorted that way already."""
         if KEYS:
             pid = tl.num_programs(0) - 1 - pid
-        if VARLEN:
-            n = tl.load(tab + 2 * pid)
-            i = tl.load(tab + 2 * pid + 1)
-            bos = tl.load(cu + n)
-            eos = tl.load(cu + n + 1)
-        else:
-            bos = (pid // NB) * T
-            i = NB - 1 - pid % NB
-            eos = bos + T
-        return bos, eos, bos + i * BLOCK
+        if not VARLEN:
+            pid += NB - 1 - 2 * (pid % NB)  # a sequence's blocks last to first
+        t0, eos, i, _ = _chunk(pid, tab, cu, T, NB, BLOCK, VARLEN)
+        return t0 - i * BLOCK, eos, t0
+
+    @triton.jit
+    def _rows(X, t, s_t, h, mask, D: tl.constexpr):
+        """The [len(t), D] tile of head h at tokens t of a [N, H, D] tensor with token stride s_t (0 where masked)."""
+        return tl.load(X + t[:, None] * s_t + h * D + tl.arange(0, D)[None, :], mask=mask[:, None], other=0)
 
     @triton.jit
     def _cdiff(C, slope, t, ref, h, N, mask, DECAY: tl.constexpr, ALIBI: tl.constexpr):
@@ -195,12 +198,11 @@ if triton is not None:
     def _fwd_steps(acc, l, m, q, rows, cr, K, V, C, slope, h, m0, lo, hi, eos, scale, s_kt, s_vt, N,
                    D: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr, DECAY: tl.constexpr,
                    ALIBI: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
-        d = tl.arange(0, D)
         for n0 in range(lo, hi, BN):
             cols = n0 + tl.arange(0, BN)
             kmask = cols < eos
-            k = tl.load(K + cols[:, None] * s_kt + h * D + d[None, :], mask=kmask[:, None], other=0)
-            v = tl.load(V + cols[:, None] * s_vt + h * D + d[None, :], mask=kmask[:, None], other=0)
+            k = _rows(K, cols, s_kt, h, kmask, D)
+            v = _rows(V, cols, s_vt, h, kmask, D)
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
             if MASKED:
                 allowed = (cols[None, :] <= rows[:, None]) & kmask[None, :]
@@ -242,7 +244,7 @@ if triton is not None:
         bos, eos, m0 = _block(pid, tab, cu, T, NB, BM, VARLEN, False)
         rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
         rmask = rows < eos
-        q = tl.load(Q + rows[:, None] * s_qt + h * D + d[None, :], mask=rmask[:, None], other=0)
+        q = _rows(Q, rows, s_qt, h, rmask, D)
         slope = tl.load(SLOPES + h) if ALIBI else 0.0
         cr = _cdiff(C, slope, rows, m0, h, N, rmask, DECAY, ALIBI) * (_L2E if POWER == 0 else 1.0)
         acc = tl.zeros([BM, D], dtype=tl.float32)
@@ -289,7 +291,6 @@ if triton is not None:
                     N, H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     POWER: tl.constexpr, DECAY: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr,
                   PREC: tl.constexpr):
-        d = tl.arange(0, D)
         if POWER != 0 and not MASKED:  # off-diagonal power path: exp(c_r - c_j) per key, exp(c_i - c_r) per query
             r = tl.minimum(n0 + BN, eos) - 1
             cc = -_cdiff(C, slope, cols, r, h, N, kmask, DECAY, ALIBI)
@@ -299,8 +300,8 @@ if triton is not None:
         for m0 in range(lo, hi, BM):
             rows = m0 + tl.arange(0, BM)
             rmask = rows < eos
-            q = tl.load(Q + rows[:, None] * s_qt + h * D + d[None, :], mask=rmask[:, None], other=0)
-            do = tl.load(DO + rows[:, None] * s_dot + h * D + d[None, :], mask=rmask[:, None], other=0)
+            q = _rows(Q, rows, s_qt, h, rmask, D)
+            do = _rows(DO, rows, s_dot, h, rmask, D)
             Lr = tl.load(L + h * N + rows, mask=rmask, other=1.0)
             Dr = tl.load(DL + h * N + rows, mask=rmask, other=0)
             cr = _cdiff(C, slope, rows, r, h, N, rmask, DECAY, ALIBI)
@@ -329,8 +330,8 @@ if triton is not None:
         bos, eos, n0 = _block(pid, tab, cu, T, NB, BN, VARLEN, True)
         cols, d = n0 + tl.arange(0, BN), tl.arange(0, D)
         kmask = cols < eos
-        k = tl.load(K + cols[:, None] * s_kt + h * D + d[None, :], mask=kmask[:, None], other=0)
-        v = tl.load(V + cols[:, None] * s_vt + h * D + d[None, :], mask=kmask[:, None], other=0)
+        k = _rows(K, cols, s_kt, h, kmask, D)
+        v = _rows(V, cols, s_vt, h, kmask, D)
         slope = tl.load(SLOPES + h) if ALIBI else 0.0
         dk = tl.zeros([BN, D], dtype=tl.float32)
         dv = tl.zeros([BN, D], dtype=tl.float32)
@@ -351,7 +352,6 @@ if triton is not None:
                   D: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr, DECAY: tl.constexpr, ALIBI: tl.constexpr,
                   MASKED: tl.constexpr,
                   PREC: tl.constexpr):
-        d = tl.arange(0, D)
         for n0 in range(lo, hi, BN):
             cols = n0 + tl.arange(0, BN)
             kmask = cols < eos
@@ -362,8 +362,8 @@ if triton is not None:
             else:
                 cr = cr0
                 cc = _cdiff(C, slope, cols, m0, h, N, kmask, DECAY, ALIBI)
-            k = tl.load(K + cols[:, None] * s_kt + h * D + d[None, :], mask=kmask[:, None], other=0)
-            v = tl.load(V + cols[:, None] * s_vt + h * D + d[None, :], mask=kmask[:, None], other=0)
+            k = _rows(K, cols, s_kt, h, kmask, D)
+            v = _rows(V, cols, s_vt, h, kmask, D)
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
             p, g = _probs(s, Lr[:, None], cr[:, None], cc[None, :], scale, POWER, DECAY, ALIBI, MASKED)
             if MASKED:
@@ -388,8 +388,8 @@ if triton is not None:
         bos, eos, m0 = _block(pid, tab, cu, T, NB, BM, VARLEN, False)
         rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
         rmask = rows < eos
-        q = tl.load(Q + rows[:, None] * s_qt + h * D + d[None, :], mask=rmask[:, None], other=0)
-        do = tl.load(DO + rows[:, None] * s_dot + h * D + d[None, :], mask=rmask[:, None], other=0)
+        q = _rows(Q, rows, s_qt, h, rmask, D)
+        do = _rows(DO, rows, s_dot, h, rmask, D)
         Lr = tl.load(L + h * N + rows, mask=rmask, other=1.0)
         Dr = tl.load(DL + h * N + rows, mask=rmask, other=0)
         slope = tl.load(SLOPES + h) if ALIBI else 0.0
@@ -491,10 +491,12 @@ def _fused(q, k, v, c, slopes, power, scale, cu_seqlens):
     return _DecayedAttention.apply(q, k, v, c, slopes, power, scale, cu_seqlens)
 
 
-def _triton_ok(q, k, bias):
-    D = q.shape[-1]
-    return (triton is not None and q.is_cuda and q.shape[1] == k.shape[1] and bias is None
-            and D in (16, 32, 64, 128) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
+def _triton_ok(q, k, bias, interpreter: bool = False):
+    """The kernel applies: CUDA (or, when asked for explicitly, Triton's interpreter), Tq = Tk, no bias, D in
+    16/32/64/128, a 16- or 32-bit float."""
+    where = q.is_cuda or (interpreter and os.environ.get("TRITON_INTERPRET") == "1")
+    return (triton is not None and where and q.shape[1] == k.shape[1] and bias is None
+            and q.shape[-1] in (16, 32, 64, 128) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
 def decayed_attention(q, k, v, *, log_decay=None, slopes=None, bias=None, power=None, scale=None, cu_seqlens=None,
@@ -514,9 +516,7 @@ def decayed_attention(q, k, v, *, log_decay=None, slopes=None, bias=None, power=
         special = log_decay is not None or slopes is not None or power is not None or cu_seqlens is not None
         impl = "triton" if special and _triton_ok(q, k, bias) else "torch"
     if impl == "triton":
-        if not _triton_ok(q, k, bias) and not (os.environ.get("TRITON_INTERPRET") == "1" and triton is not None
-                                               and q.shape[1] == k.shape[1] and bias is None
-                                               and D in (16, 32, 64, 128) and q.dtype != torch.float64):
+        if not _triton_ok(q, k, bias, interpreter=True):
             raise ValueError("decayed_attention: impl='triton' needs CUDA (or TRITON_INTERPRET=1), Tq = Tk, no bias, "
                              f"D in 16/32/64/128 and a fp32/bf16/fp16 dtype; got D={D}, {q.dtype}, Tq={q.shape[1]}, "
                              f"Tk={k.shape[1]}, bias={'yes' if bias is not None else 'no'}")
