@@ -477,6 +477,10 @@ def run(cfg) -> dict:
         print("sample:", repr(result["sample"]))
     logger.close()
     if ddp:
+        # DDP's reducer first: were it to drop the last reference to the gloo process group, the group's destructor
+        # would join gloo's worker threads while holding the GIL, and a worker that still frees the tensors of the
+        # last collective needs the GIL (a deadlock seen on loaded CPU machines). The group object releases it.
+        train_model = sync = None
         dist.destroy_process_group()
     return result
 
