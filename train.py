@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from data.tasks import is_task
+from kernels.attention import training_backends
 from model import ConfigError, build_model, check_model_config
 
 # Dense bf16 peak FLOP/s per device, for MFU. Matched by substring of torch.cuda.get_device_name().
@@ -73,6 +74,8 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"logger.mode={cfg.logger.mode!r}; valid choices: {list(LOGGER_MODES)}")
     if t.dtype not in ("auto", "bf16", "fp32"):
         raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: ['auto', 'bf16', 'fp32']")
+    if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
+        raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
     if t.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device={t.device!r}; valid choices: ['auto', 'cpu', 'cuda']")
     if t.device == "cuda" and not torch.cuda.is_available():
@@ -109,6 +112,59 @@ def make_optimizer(model, o, fused: bool):
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
+
+
+def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, autocast, grad_clip: float, ddp: bool):
+    """One optimizer step over `accum` micro-batches (an iterable of device tensors x, y): gradients accumulate
+    (DDP all-reduces on the last one only), are clipped, and the optimizer and schedule advance. Returns the mean
+    loss and the gradient norm as device tensors: nothing here waits for the GPU."""
+    loss_sum = 0.0
+    for micro, (x, y) in enumerate(micro_batches):
+        sync = train_model.no_sync() if ddp and micro < accum - 1 else nullcontext()
+        with sync, autocast, training_backends():
+            _, loss = train_model(x, y)
+        (loss / accum).backward()
+        loss_sum = loss_sum + loss.detach() / accum
+    grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+class Profiler:
+    """train.profile_steps=N: a torch.profiler trace of N steps after 3 warm-up steps (compilation, autotuning),
+    written to out_dir/profile/ (open trace.json in https://ui.perfetto.dev) with a table of the costliest ops."""
+
+    def __init__(self, n: int, out_dir: Path, master: bool, device):
+        from torch.profiler import ProfilerActivity, profile, schedule
+        self.dir, self.master, self.n = out_dir / "profile", master, n
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.prof = profile(activities=acts, schedule=schedule(wait=0, warmup=3, active=n, repeat=1),
+                            on_trace_ready=self._write)
+        self.prof.start()
+        self.running = True
+
+    def step(self, i: int):
+        """Called before step i of this process (the profiler counts the steps that ended)."""
+        if i > 0 and self.running:
+            self.prof.step()
+            if i >= 3 + self.n:
+                self.close()
+
+    def close(self):
+        if self.running:
+            self.prof.stop()
+            self.running = False
+
+    def _write(self, prof):
+        if not self.master:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(self.dir / "trace.json"))
+        sort = "cuda_time_total" if any(e.device_type.name == "CUDA" for e in prof.events()) else "cpu_time_total"
+        (self.dir / "ops.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+        print(f"profile of {self.n} steps: {self.dir}/trace.json, {self.dir}/ops.txt", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------------- checkpoints
@@ -393,6 +449,13 @@ def run(cfg) -> dict:
                 "config": OmegaConf.to_container(cfg, resolve=True), "tokenizer": tok.to_dict(),
                 "vocab_size": vocab, "wandb_id": logger.run_id}, t.keep_checkpoints)
 
+    def micro_batches(step):
+        for micro in range(accum):
+            x, y = batches.get(step, micro)
+            if use_cuda:  # from pinned memory the copy is asynchronous: the host runs ahead of the GPU
+                x, y = x.pin_memory(), y.pin_memory()
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
     from tqdm import tqdm
     bar = tqdm(total=steps, initial=start_step, disable=not (master and t.progress), unit="step", dynamic_ncols=True,
                file=sys.stdout)
@@ -400,20 +463,14 @@ def run(cfg) -> dict:
     result = {}
     t_last, tokens_since, steps_since = time.perf_counter(), 0, 0
     loss_sum = torch.zeros((), device=device)
+    profiler = Profiler(t.profile_steps, out_dir, master, device) if t.profile_steps else None
     for step in range(start_step, steps):
-        for micro in range(accum):
-            x, y = batches.get(step, micro)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            sync = nullcontext() if not ddp or micro == accum - 1 else train_model.no_sync()
-            with sync, autocast:
-                _, loss = train_model(x, y)
-            (loss / accum).backward()
-            loss_sum += loss.detach() / accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        if profiler is not None:
+            profiler.step(step - start_step)
         lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss, grad_norm = train_step(train_model, micro_batches(step), accum, optimizer, scheduler, autocast,
+                                     cfg.optim.grad_clip, ddp)
+        loss_sum += loss
         tokens_since += batch_tokens
         steps_since += 1
         done = step + 1
@@ -429,7 +486,8 @@ def run(cfg) -> dict:
             tps = tokens_since / dt
             row = {"step": done, "loss": loss_sum.item() / steps_since, "lr": lr, "grad_norm": grad_norm.item(),
                    "tokens_per_s": tps, "mfu": flops_tok * tps / (peak * world) if peak else None,
-                   "tokens": done * batch_tokens}
+                   "tokens": done * batch_tokens,
+                   "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if use_cuda else None}
             logger.log(row)
             mfu = f" mfu {row['mfu']:.3f}" if row["mfu"] else ""
             bar.set_postfix(loss=f"{row['loss']:.3f}")
@@ -458,6 +516,8 @@ def run(cfg) -> dict:
             checkpoint(done)
             t_last = time.perf_counter()
     bar.close()
+    if profiler is not None:
+        profiler.close()
 
     if master and task is not None and "curve" in result:
         summary = {"task": task.name, "train_len": task.train_len, "unit": task.unit, "step": steps,
@@ -480,7 +540,7 @@ def run(cfg) -> dict:
         # DDP's reducer first: were it to drop the last reference to the gloo process group, the group's destructor
         # would join gloo's worker threads while holding the GIL, and a worker that still frees the tensors of the
         # last collective needs the GIL (a deadlock seen on loaded CPU machines). The group object releases it.
-        train_model = sync = None
+        train_model = None
         dist.destroy_process_group()
     return result
 

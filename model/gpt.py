@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import varying_shapes
+from kernels.linear_ce import linear_cross_entropy
 
 from .mixers.base import residual_linear
 from .pe.sinusoidal import sinusoid_table
@@ -41,6 +42,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     head: str = "lm"  # lm | compress
+    # loss by chunks of tokens, never holding the [B, T, V] logits (kernels/linear_ce.py): 20% less peak memory for
+    # the 124m model at 32 x 1024 tokens, 3% slower under torch.compile on an H100 (docs/throughput)
+    fused_loss: bool = False
 
     def __post_init__(self):
         if self.mlp_hidden is None:
@@ -113,7 +117,8 @@ class GPT(nn.Module):
                 m.init_extra()
 
     def forward(self, idx, targets=None, cache: Cache | None = None):
-        """idx [B, T] -> (logits [B, T, V], loss or None). Targets of -1 are ignored by the loss."""
+        """idx [B, T] -> (logits [B, T, V], loss or None). Targets of -1 are ignored by the loss. With fused_loss the
+        loss comes without logits (None)."""
         x = self.wte(idx)
         if self.abs_pe is not None:
             x = self.abs_pe(x, 0 if cache is None else cache.offset)
@@ -125,7 +130,10 @@ class GPT(nn.Module):
         if self.decoder is not None:
             pos = sinusoid_table(torch.arange(x.shape[1], device=x.device), x.shape[-1]).to(x.dtype)
             x = self.decoder(x[:, -1:] + pos)
-        logits = self.lm_head(self.norm(x))
+        h = self.norm(x)
+        if targets is not None and self.cfg.fused_loss:  # the loss without the [B, T, V] logits: kernels/linear_ce.py
+            return None, linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.reshape(-1), -1)
+        logits = self.lm_head(h)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)

@@ -65,6 +65,7 @@ def test_unknown_group_option_lists_choices():
     ("model.n_heads=3", "does not divide"),
     ("resume=/nonexistent.pt", "not a checkpoint file"),
     ("train.steps=0", "steps"),
+    ("train.profile_steps=-1", "integer >= 0"),
 ])
 def test_bad_config_fails_before_work(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
@@ -109,6 +110,19 @@ def test_resume_reproduces_every_loss_exactly(tmp_path, data_cache):
     assert all(a_loss[s] == b_loss[s] for s in range(1, 9)), (a_loss, b_loss)
     assert full["loss"] == resumed["loss"] and full["val_loss"] == resumed["val_loss"]
     assert a_loss[8] < a_loss[1]
+
+
+def test_fused_loss_trains_like_the_plain_loss_and_the_profiler_writes_its_table(tmp_path, data_cache):
+    common = ["train.steps=6", "optim.warmup=2"]
+    plain = train_lib.run(compose(tiny_overrides(tmp_path / "a", data_cache, *common)))
+    fused = train_lib.run(compose(tiny_overrides(tmp_path / "b", data_cache, *common, "model.fused_loss=true",
+                                                 "train.profile_steps=2")))
+    a, b = _losses(tmp_path / "a"), _losses(tmp_path / "b")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert all(b[s] == pytest.approx(a[s], rel=1e-5) for s in a), (a, b)
+    assert fused["val_loss"] == pytest.approx(plain["val_loss"], rel=1e-5)
+    ops = (tmp_path / "b" / "profile" / "ops.txt").read_text()
+    assert "aten::mm" in ops and (tmp_path / "b" / "profile" / "trace.json").stat().st_size > 0
 
 
 def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):

@@ -1,0 +1,277 @@
+"""Training throughput of every backbone x main scheme, next to a nanoGPT-style reference measured in the same run.
+
+    python scripts/bench_train.py                                   # all cases, 124m:1024 and 370m:4096, eager+compiled
+    python scripts/bench_train.py --settings 124m:1024 --cases transformer+rope --compile on
+    python scripts/bench_train.py --settings 370m:16384 --compile on --cases transformer+rope gla+nope
+    python scripts/bench_train.py --loop                            # the training loop's own cost, and a profile
+
+A step is what train.py's loop runs (`train.train_step`): forward, backward, gradient clipping, fused AdamW, on one
+micro-batch of random tokens already on the GPU, bf16 autocast. Reported: ms per step (median of --steps after
+--warmup), tokens/s, MFU (model.flops_per_token: 6 x matmul parameters + the mixer's own FLOPs, causal attention
+counted as half the T x T products; over the device's dense bf16 peak), and the allocator's peak memory.
+
+The reference (`ref`) is GPT-2 as nanoGPT writes it: learned positions, LayerNorm, GELU MLP (4 d), SDPA with
+is_causal, tied embeddings, logits then F.cross_entropy, fused AdamW, torch.compile, bf16 autocast; at the 370m
+settings, the same code at that shape. --loop trains the 124m transformer with train.py itself on the embedded corpus
+and compares its logged tokens/s with bare steps of the same model and batch; it also writes a torch.profiler table.
+
+Output: --out/bench_train.{md,json,png} (one row per case x setting x compile; ratios to the reference and to the
+transformer + RoPE of the same setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import train as train_lib  # noqa: E402
+from model import build_model  # noqa: E402
+
+# size: (model config, tokens per micro-batch = B x T, vocabulary: GPT-2's padded / seed 004's 32k)
+SETTINGS = {"124m": ("124m", 32 * 1024, 50304), "370m": ("370m", 8 * 4096, 32000)}
+# backbone + scheme (Hydra overrides); the first is the baseline of the ratios
+CASES = {
+    "transformer+rope": ["backbone=transformer", "pe=rope"],
+    "transformer+nope": ["backbone=transformer", "pe=nope"],
+    "transformer+alibi": ["backbone=transformer", "pe=alibi"],
+    "transformer+selective_rope": ["backbone=transformer", "pe=selective_rope"],
+    "fox+nope": ["backbone=fox", "pe=nope"],
+    "sympow+rope": ["arch=sympow"],
+    "conformal_sympow": ["arch=conformal_sympow"],
+    "gla+nope": ["backbone=gla", "pe=nope"],
+    "gla+selective_rope": ["backbone=gla", "pe=selective_rope"],
+    "gated_deltanet+nope": ["backbone=gated_deltanet", "pe=nope"],
+    "deltanet+nope": ["backbone=deltanet", "pe=nope"],
+    "linear_attn+nope": ["backbone=linear_attn", "pe=nope"],
+    "retnet+nope": ["backbone=retnet", "pe=nope"],
+    "mamba2+nope": ["backbone=mamba2", "pe=nope"],
+    "gated_oja+nope": ["backbone=gated_oja", "pe=nope"],
+    "path+nope": ["backbone=path", "pe=nope"],
+    "path_fox+nope": ["backbone=path_fox", "pe=nope"],
+}
+
+
+class NanoGPT(nn.Module):
+    """GPT-2 the way nanoGPT writes it (bias-free Linear/LayerNorm, as its training default)."""
+
+    def __init__(self, vocab: int, n_layer: int, d: int, n_heads: int, seq_len: int):
+        super().__init__()
+        self.n_heads, self.n_layer, self.d = n_heads, n_layer, d
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "ln1": nn.LayerNorm(d, bias=False), "qkv": nn.Linear(d, 3 * d, bias=False),
+            "proj": nn.Linear(d, d, bias=False), "ln2": nn.LayerNorm(d, bias=False),
+            "fc": nn.Linear(d, 4 * d, bias=False), "out": nn.Linear(4 * d, d, bias=False)}) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d, bias=False)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.blocks:
+            q, k, v = b["qkv"](b["ln1"](x)).view(B, T, 3, self.n_heads, -1).transpose(1, 3).unbind(2)
+            x = x + b["proj"](F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1))
+            x = x + b["out"](F.gelu(b["fc"](b["ln2"](x))))
+        logits = self.lm_head(self.ln_f(x))
+        return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+
+    def flops_per_token(self, seq_len: int) -> float:  # the same convention as model.GPT's
+        matmul = sum(p.numel() for n, p in self.named_parameters() if n.startswith("blocks")) + self.wte.weight.numel()
+        return 6.0 * matmul + 3.0 * self.n_layer * 2.0 * self.d * (seq_len + 1)
+
+
+def compose(overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def build(case: str, size: str, seq: int, vocab: int):
+    if case == "ref":
+        m = compose([f"model={size}"]).model
+        return NanoGPT(vocab, m.n_layer, m.d_model, m.n_heads, seq), compose([]).optim
+    cfg = compose([*CASES[case], f"model={size}", f"model.seq_len={seq}"])
+    return build_model(cfg.backbone, cfg.pe, cfg.model, vocab), cfg.optim
+
+
+def measure(case, size, seq, compiled, steps, warmup, device="cuda"):
+    model_name, tokens, vocab = SETTINGS[size]
+    B = max(1, tokens // seq)
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    model, optim_cfg = build(case, model_name, seq, vocab)
+    model = model.to(device)
+    optimizer = train_lib.make_optimizer(model, optim_cfg, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    train_model = torch.compile(model) if compiled else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    data = torch.randint(0, vocab, (4, B, seq + 1), device=device)
+    times, t_compile = [], time.perf_counter()
+    for i in range(warmup + steps):
+        x, y = data[i % 4, :, :-1].contiguous(), data[i % 4, :, 1:].contiguous()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss, _ = train_lib.train_step(train_model, [(x, y)], 1, optimizer, scheduler, autocast, 1.0, False)
+        end.record()
+        if i == 0:
+            torch.cuda.synchronize()
+            t_compile = time.perf_counter() - t_compile
+        if i >= warmup:
+            times.append((start, end))
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in times)
+    tps = B * seq / (ms / 1e3)
+    peak = train_lib.peak_flops(torch.device(device))
+    row = {"case": case, "size": size, "seq_len": seq, "batch": B, "compile": compiled, "ms": ms, "tokens_per_s": tps,
+           "mfu": model.flops_per_token(seq) * tps / peak if peak else None,
+           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30, "first_step_s": t_compile,
+           "loss": float(loss)}
+    del model, optimizer, train_model, data
+    return row
+
+
+def loop_overhead(out: Path, steps: int):
+    """train.py on the embedded corpus (its own loader, logging, host syncs) vs bare steps of the same batch."""
+    import tempfile
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ov = ["model=124m", "data.vocab_size=4096", f"out_dir={tmp}/run", f"data.cache_dir={ROOT / 'cache'}",
+              "train.global_batch_tokens=32768", "train.micro_batch=32", f"train.steps={steps}",
+              f"train.log_interval={steps // 2}", "train.eval_interval=100000", "train.ckpt_interval=100000",
+              "train.eval_tokens=32768", "train.sample_tokens=0", "train.progress=false", "logger.mode=disabled",
+              "train.profile_steps=5"]
+        res = train_lib.run(compose(ov))
+        rows["train.py"] = res["tokens_per_s"]
+        prof = Path(tmp) / "run" / "profile" / "ops.txt"
+        (out / "loop_profile.txt").write_text(prof.read_text())
+    torch._dynamo.reset()
+    cfg = compose(["model=124m", "data.vocab_size=4096"])
+    model = build_model(cfg.backbone, cfg.pe, cfg.model, 4096).cuda()
+    optimizer = train_lib.make_optimizer(model, cfg.optim, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    cm = torch.compile(model)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    x = torch.randint(0, 4096, (32, 1025), device="cuda")
+    for i in range(steps):
+        if i == steps // 2:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        train_lib.train_step(cm, [(x[:, :-1], x[:, 1:])], 1, optimizer, scheduler, autocast, 1.0, False)
+    torch.cuda.synchronize()
+    rows["bare steps"] = (steps - steps // 2) * 32 * 1024 / (time.perf_counter() - t0)
+    rows["overhead"] = 1 - rows["train.py"] / rows["bare steps"]
+    return rows
+
+
+def table(rows) -> str:
+    lines = ["| setting | case | compile | ms/step | tokens/s | MFU | × ref | × transformer+rope | peak GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['size']}/{r['seq_len']} | {r['case']} | {'on' if r['compile'] else 'off'} | "
+                         f"{r['error']} | | | | | |")
+            continue
+        f = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
+        lines.append(f"| {r['size']}/{r['seq_len']} | {r['case']} | {'on' if r['compile'] else 'off'} | "
+                     f"{r['ms']:.1f} | {r['tokens_per_s']:,.0f} | {f(r['mfu'], '.3f')} | {f(r.get('x_ref'), '.2f')} | "
+                     f"{f(r.get('x_base'), '.2f')} | {r['peak_mem_gib']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(rows, path: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r["size"], r["seq_len"]) for r in rows})
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.2 * len(groups)), squeeze=False)
+    for ax, (size, seq) in zip(axes[:, 0], groups):
+        sel = [r for r in rows if (r["size"], r["seq_len"]) == (size, seq) and "error" not in r]
+        names = list(dict.fromkeys(r["case"] for r in sel))
+        for j, comp in enumerate((False, True)):
+            vals = [next((r["tokens_per_s"] / 1e3 for r in sel if r["case"] == n and r["compile"] == comp), 0)
+                    for n in names]
+            ax.bar([i + (j - 0.5) * 0.4 for i in range(len(names))], vals, 0.4,
+                   label="torch.compile" if comp else "eager")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("k tokens/s")
+        ax.set_title(f"{size}, context {seq}", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", nargs="+", default=["124m:1024", "370m:4096"], help="size:context")
+    ap.add_argument("--cases", nargs="+", default=["ref", *CASES], help=f"ref and/or {list(CASES)}")
+    ap.add_argument("--compile", choices=["on", "off", "both"], default="both")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--loop", action="store_true", help="measure the training loop's overhead instead")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "throughput"))
+    ap.add_argument("--tag", default="", help="suffix of the output files")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        sys.exit("bench_train.py measures GPU throughput: no CUDA device is visible")
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "command": " ".join(sys.argv)}
+    if args.loop:
+        res = {**meta, **loop_overhead(out, 60)}
+        (out / "loop_overhead.json").write_text(json.dumps(res, indent=1))
+        print(json.dumps(res, indent=1))
+        return
+    unknown = [c for c in args.cases if c != "ref" and c not in CASES]
+    if unknown:
+        sys.exit(f"unknown case(s) {unknown}; valid: ref, {', '.join(CASES)}")
+    rows = []
+    for setting in args.settings:
+        size, seq = setting.split(":")
+        for compiled in {"on": [True], "off": [False], "both": [False, True]}[args.compile]:
+            for case in args.cases:
+                try:
+                    r = measure(case, size, int(seq), compiled, args.steps, args.warmup)
+                except Exception as e:  # noqa: BLE001 -- one failing case (OOM, a kernel limit) must not end the run
+                    r = {"case": case, "size": size, "seq_len": int(seq), "compile": compiled,
+                         "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
+                    torch.cuda.empty_cache()
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                (out / f"bench_train{args.tag}.partial.json").write_text(json.dumps(rows, indent=1))
+    ok = {(o["case"], o["size"], o["seq_len"], o["compile"]): o for o in rows if "error" not in o}
+    for r in rows:
+        if "error" not in r:
+            ref, base = (ok.get((c, r["size"], r["seq_len"], r["compile"])) for c in ("ref", "transformer+rope"))
+            r["x_ref"] = r["tokens_per_s"] / ref["tokens_per_s"] if ref else None
+            r["x_base"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+    (out / f"bench_train{args.tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    (out / f"bench_train{args.tag}.partial.json").unlink(missing_ok=True)  # rows so far, for a run cut short
+    md = f"{meta['device']}, {meta['date']}, torch {meta['torch']}: `{meta['command']}`\n\n" + table(rows) + "\n"
+    (out / f"bench_train{args.tag}.md").write_text(md)
+    plot(rows, out / f"bench_train{args.tag}.png")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
