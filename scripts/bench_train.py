@@ -207,10 +207,12 @@ def plot(rows, path: Path):
     for ax, (size, seq) in zip(axes[:, 0], groups):
         sel = [r for r in rows if (r["size"], r["seq_len"]) == (size, seq) and "error" not in r]
         names = list(dict.fromkeys(r["case"] for r in sel))
-        for j, comp in enumerate((False, True)):
+        modes = sorted({r["compile"] for r in sel})
+        w = 0.8 / len(modes)
+        for j, comp in enumerate(modes):
             vals = [next((r["tokens_per_s"] / 1e3 for r in sel if r["case"] == n and r["compile"] == comp), 0)
                     for n in names]
-            ax.bar([i + (j - 0.5) * 0.4 for i in range(len(names))], vals, 0.4,
+            ax.bar([i + (j - (len(modes) - 1) / 2) * w for i in range(len(names))], vals, w,
                    label="torch.compile" if comp else "eager")
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("k tokens/s")
