@@ -156,16 +156,21 @@ if triton is not None:
     _L2E = tl.constexpr(LOG2E)
 
     @triton.jit
-    def _block(pid, tab, cu, T, NB, BLOCK: tl.constexpr, VARLEN: tl.constexpr, KEYS: tl.constexpr):
-        """Program pid's block of BLOCK tokens: its document [bos, eos) and first token (the rotation kernel's
-        chunk lookup). Programs take the blocks with the most work first (the last query blocks, the first key
-        blocks), so the short ones fill the tail; a packed batch's table is sorted that way already."""
+    def _tile(tab, cu, T, NB, SLOPES, BLOCK: tl.constexpr, VARLEN: tl.constexpr, KEYS: tl.constexpr,
+              ALIBI: tl.constexpr):
+        """This program's head h and block of BLOCK tokens: its document [bos, eos), first token t0, the tokens
+        t0 + [0, BLOCK) with their in-document mask, and the head's ALiBi slope (the rotation kernel's chunk lookup).
+        Programs take the blocks with the most work first (the last query blocks, the first key blocks), so the
+        short ones fill the tail; a packed batch's table is sorted that way already."""
+        pid, h = tl.program_id(0), tl.program_id(1)
         if KEYS:
             pid = tl.num_programs(0) - 1 - pid
         if not VARLEN:
             pid += NB - 1 - 2 * (pid % NB)  # a sequence's blocks last to first
         t0, eos, i, _ = _chunk(pid, tab, cu, T, NB, BLOCK, VARLEN)
-        return t0 - i * BLOCK, eos, t0
+        t = t0 + tl.arange(0, BLOCK)
+        slope = tl.load(SLOPES + h) if ALIBI else 0.0
+        return h, t0 - i * BLOCK, eos, t0, t, t < eos, slope
 
     @triton.jit
     def _rows(X, t, s_t, h, mask, D: tl.constexpr):
@@ -248,12 +253,9 @@ if triton is not None:
                     H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr,
                     DECAY: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
                     PREC: tl.constexpr):
-        pid, h = tl.program_id(0), tl.program_id(1)
-        bos, eos, m0 = _block(pid, tab, cu, T, NB, BM, VARLEN, False)
-        rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
-        rmask = rows < eos
+        h, bos, eos, m0, rows, rmask, slope = _tile(tab, cu, T, NB, SLOPES, BM, VARLEN, False, ALIBI)
+        d = tl.arange(0, D)
         q = _rows(Q, rows, s_qt, h, rmask, D)
-        slope = tl.load(SLOPES + h) if ALIBI else 0.0
         cr = _cdiff(C, slope, rows, m0, h, N, rmask, DECAY, ALIBI) * (_L2E if POWER == 0 else 1.0)
         acc = tl.zeros([BM, D], dtype=tl.float32)
         l = tl.zeros([BM], dtype=tl.float32)
@@ -332,15 +334,12 @@ if triton is not None:
     def _dkdv_kernel(Q, K, V, C, SLOPES, DO, L, DL, DK, DV, DC, tab, cu, scale, T, NB, s_qt, s_kt, s_vt,
                      s_dot, N, H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      POWER: tl.constexpr, DECAY: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
-                    PREC: tl.constexpr):
+                     PREC: tl.constexpr):
         """One block of BN keys: dk, dv and dc (= -sum_i dz_ij) from every query after it (BN a multiple of BM)."""
-        pid, h = tl.program_id(0), tl.program_id(1)
-        bos, eos, n0 = _block(pid, tab, cu, T, NB, BN, VARLEN, True)
-        cols, d = n0 + tl.arange(0, BN), tl.arange(0, D)
-        kmask = cols < eos
+        h, bos, eos, n0, cols, kmask, slope = _tile(tab, cu, T, NB, SLOPES, BN, VARLEN, True, ALIBI)
+        d = tl.arange(0, D)
         k = _rows(K, cols, s_kt, h, kmask, D)
         v = _rows(V, cols, s_vt, h, kmask, D)
-        slope = tl.load(SLOPES + h) if ALIBI else 0.0
         dk = tl.zeros([BN, D], dtype=tl.float32)
         dv = tl.zeros([BN, D], dtype=tl.float32)
         dc = tl.zeros([BN], dtype=tl.float32)
@@ -388,19 +387,16 @@ if triton is not None:
     def _dq_kernel(Q, K, V, C, SLOPES, DO, L, DL, DQ, DC, tab, cu, scale, T, NB, s_qt, s_kt, s_vt, s_dot, N,
                    H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POWER: tl.constexpr,
                    DECAY: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
-                    PREC: tl.constexpr):
+                   PREC: tl.constexpr):
         """One block of BM queries: dq from every key up to it (BM a multiple of BN), and the row part of dc,
         sum_j dz_ij. It is zero in exact arithmetic, but adding it makes dc consistent with the Delta_i the column part
         used (Delta comes from the rounded output), which cancels most of that rounding from the gate's gradient."""
-        pid, h = tl.program_id(0), tl.program_id(1)
-        bos, eos, m0 = _block(pid, tab, cu, T, NB, BM, VARLEN, False)
-        rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
-        rmask = rows < eos
+        h, bos, eos, m0, rows, rmask, slope = _tile(tab, cu, T, NB, SLOPES, BM, VARLEN, False, ALIBI)
+        d = tl.arange(0, D)
         q = _rows(Q, rows, s_qt, h, rmask, D)
         do = _rows(DO, rows, s_dot, h, rmask, D)
         Lr = tl.load(L + h * N + rows, mask=rmask, other=1.0)
         Dr = tl.load(DL + h * N + rows, mask=rmask, other=0)
-        slope = tl.load(SLOPES + h) if ALIBI else 0.0
         dq = tl.zeros([BM, D], dtype=tl.float32)
         dcr = tl.zeros([BM], dtype=tl.float32)
         cr0 = _cdiff(C, slope, rows, m0, h, N, rmask, DECAY, ALIBI)
