@@ -70,7 +70,7 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
     tokenizer, in windows of seq_len (which may exceed the training context)."""
     import data as data_lib
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
-    windows = data_lib.TokenWindows(info.val_shards, seq_len, tok.vocab_size, shuffle=False)
+    windows = info.windows("val", seq_len, shuffle=False)
     n = min(len(windows), max(1, n_tokens // seq_len))
     total, count = 0.0, 0
     for i in range(0, n, micro_batch):

@@ -18,7 +18,7 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ PEAK_FLOPS = {
     "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12,
 }
 SCHEDULES = ("cosine", "wsd", "linear", "constant")
+STRATEGIES = ("ddp", "fsdp")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -76,6 +77,8 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: ['auto', 'bf16', 'fp32']")
     if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
         raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
+    if t.get("strategy", "ddp") not in STRATEGIES:
+        raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device={t.device!r}; valid choices: ['auto', 'cpu', 'cuda']")
     if t.device == "cuda" and not torch.cuda.is_available():
@@ -114,18 +117,22 @@ def make_optimizer(model, o, fused: bool):
     return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
 
 
-def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, autocast, grad_clip: float, ddp: bool):
+def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, autocast, grad_clip: float,
+               skip_sync=None):
     """One optimizer step over `accum` micro-batches (an iterable of device tensors x, y): gradients accumulate
-    (DDP all-reduces on the last one only), are clipped, and the optimizer and schedule advance. Returns the mean
-    loss and the gradient norm as device tensors: nothing here waits for the GPU."""
+    (under `skip_sync()` the gradient reduction across ranks waits for the last one), are clipped, and the optimizer
+    and schedule advance. Returns the mean loss and the gradient norm as device tensors: nothing here waits for the
+    GPU."""
     loss_sum = 0.0
     for micro, (x, y) in enumerate(micro_batches):
-        sync = train_model.no_sync() if ddp and micro < accum - 1 else nullcontext()
+        sync = skip_sync() if skip_sync is not None and micro < accum - 1 else nullcontext()
         with sync, autocast, training_backends():
             _, loss = train_model(x, y)
         (loss / accum).backward()
         loss_sum = loss_sum + loss.detach() / accum
     grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -165,6 +172,66 @@ class Profiler:
         sort = "cuda_time_total" if any(e.device_type.name == "CUDA" for e in prof.events()) else "cpu_time_total"
         (self.dir / "ops.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
         print(f"profile of {self.n} steps: {self.dir}/trace.json, {self.dir}/ops.txt", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------ distribution
+def shard_model(model, device):
+    """train.strategy=fsdp: FSDP2 shards each block, then the rest (embeddings, head), over all ranks; parameters
+    become DTensors and are gathered one block at a time in forward and backward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+@contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _full_state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def model_state(model, fsdp: bool) -> dict:
+    """The whole model's state dict, whatever the strategy (FSDP: gathered to rank 0; a collective)."""
+    if not fsdp:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(model, options=_full_state_options())
+
+
+def optimizer_state(model, optimizer, fsdp: bool) -> dict:
+    """Optimizer state keyed by parameter name (FSDP's full form), so a checkpoint loads under any strategy and
+    world size. FSDP: gathered to rank 0 (a collective)."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        return get_optimizer_state_dict(model, optimizer, options=_full_state_options())
+    sd = optimizer.state_dict()  # keyed by position over the param groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    key = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    return {"state": {key[i]: v for i, v in sd["state"].items()},
+            "param_groups": [{**g, "params": [key[i] for i in g["params"]]} for g in sd["param_groups"]]}
+
+
+def load_optimizer_state(model, optimizer, sd: dict, fsdp: bool) -> None:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(full_state_dict=True))
+        return
+    groups = sd["param_groups"]
+    if groups and groups[0]["params"] and isinstance(groups[0]["params"][0], str):  # by name -> by position
+        pos = {n: i for i, n in enumerate(n for g in groups for n in g["params"])}
+        sd = {"state": {pos[n]: v for n, v in sd["state"].items()},
+              "param_groups": [{**g, "params": [pos[n] for n in g["params"]]} for g in groups]}
+    optimizer.load_state_dict(sd)
 
 
 # ------------------------------------------------------------------------------------------------- checkpoints
@@ -223,16 +290,20 @@ def load_checkpoint(path: Path) -> dict:
     return ckpt
 
 
-def default_out_dir(cfg) -> Path:
-    """outputs/<run_name>, or in a Hydra multirun the job's own sweep folder (so sweep jobs never share one)."""
+def _sweep():
+    """Hydra's config of this job when it is one job of a multirun sweep, else None."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-            return Path(HydraConfig.get().runtime.output_dir)
     except ImportError:
-        pass
-    return Path("outputs") / cfg.run_name
+        return None
+    return HydraConfig.get() if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN else None
+
+
+def default_out_dir(cfg) -> Path:
+    """outputs/<run_name>, or in a Hydra multirun the job's own sweep folder (so sweep jobs never share one)."""
+    sweep = _sweep()
+    return Path(sweep.runtime.output_dir) if sweep else Path("outputs") / cfg.run_name
 
 
 def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
@@ -267,7 +338,9 @@ class Logger:
         if mode == "auto":
             mode = "online" if (os.environ.get("WANDB_API_KEY") or _wandb_logged_in()) else "offline"
         from omegaconf import OmegaConf
-        self.wandb = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group,
+        sweep = _sweep()  # a sweep's jobs share a wandb group named after its folder, unless logger.group says
+        group = cfg.logger.group or (Path(sweep.sweep.dir).name if sweep else None)
+        self.wandb = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, group=group,
                                 tags=list(cfg.logger.tags), name=cfg.run_name, dir=str(out_dir), mode=mode,
                                 id=run_id, resume="allow", config=OmegaConf.to_container(cfg, resolve=True))
 
@@ -330,16 +403,17 @@ def run(cfg) -> dict:
     import data as data_lib
     from data import tasks
 
-    ddp = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world, local_rank = 0, 1, 0
-    if ddp:
+    if distributed:
         rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     derived = check_config(cfg, world)
+    fsdp = distributed and cfg.train.get("strategy", "ddp") == "fsdp"
     steps, accum, batch_tokens = derived["steps"], derived["grad_accum"], derived["batch_tokens"]
     t = cfg.train
     use_cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-    if ddp:
+    if distributed:
         if use_cuda:
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
@@ -377,25 +451,33 @@ def run(cfg) -> dict:
     else:
         if master:
             info = data_lib.prepare(cfg.data, progress=t.progress)
-        if ddp:
+        if distributed:
             dist.barrier()
         if not master:
             info = data_lib.prepare(cfg.data, progress=False)
         tok, seq = info.tokenizer, cfg.model.seq_len
-        train_windows = data_lib.TokenWindows(info.train_shards, seq, tok.vocab_size, seed=cfg.seed)
-        val_windows = data_lib.TokenWindows(info.val_shards, seq, tok.vocab_size, shuffle=False)
+        train_windows = info.windows("train", seq, seed=cfg.seed)
+        val_windows = info.windows("val", seq, shuffle=False)
+    global_seqs = t.micro_batch * accum * world
+    if len(train_windows) < global_seqs:
+        raise data_lib.ShardError(
+            f"data={cfg.data.name} has {len(train_windows):,} training windows of {seq} tokens, fewer than one global "
+            f"batch of {global_seqs:,} sequences: lower train.global_batch_tokens (or batch_size) or add data")
     vocab = 64 * math.ceil(tok.vocab_size / 64)  # padded: matmuls like multiples of 64
     batches = data_lib.TrainBatches(train_windows, t.micro_batch, accum, rank, world)
 
     # model and optimiser
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab).to(device)
+    if ckpt is not None:  # into the whole model, before FSDP shards it
+        model.load_state_dict(ckpt["model"])
+    if fsdp:
+        shard_model(model, device)
     optimizer = make_optimizer(model, cfg.optim, fused=use_cuda)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optim, steps))
     start_step, run_id = 0, None
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(model, optimizer, ckpt["optimizer"], fsdp)
         scheduler.load_state_dict(ckpt["scheduler"])
         start_step, run_id = ckpt["step"], ckpt.get("wandb_id")
         if ckpt["world_size"] == world:
@@ -408,9 +490,14 @@ def run(cfg) -> dict:
         np.random.seed(cfg.seed + rank)
         torch.manual_seed(cfg.seed + rank)
     train_model = torch.compile(model) if t.compile else model
-    if ddp:
+    skip_sync = None
+    if fsdp:
+        skip_sync = lambda: _fsdp_no_sync(model)  # noqa: E731
+    elif distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        train_model = DDP(train_model, device_ids=[local_rank] if use_cuda else None)
+        # gradient_as_bucket_view: gradients live in the all-reduce buckets (no copy in, no second copy in memory)
+        train_model = DDP(train_model, device_ids=[local_rank] if use_cuda else None, gradient_as_bucket_view=True)
+        skip_sync = train_model.no_sync
     bf16 = t.dtype == "bf16" or (t.dtype == "auto" and use_cuda)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
@@ -432,18 +519,20 @@ def run(cfg) -> dict:
         else:
             print(f"data: {cfg.data.name}: {info.n_train_tokens:,} train / {info.n_val_tokens:,} val tokens in {info.dir}")
         print(f"train: {steps} steps x {batch_tokens:,} tokens = {steps * batch_tokens:,} tokens; "
-              f"micro_batch {t.micro_batch} x grad_accum {accum} x world {world}; device {device}, "
+              f"micro_batch {t.micro_batch} x grad_accum {accum} x world {world}"
+              f"{' (FSDP)' if fsdp else ' (DDP)' if distributed else ''}; device {device}, "
               f"{'bf16 autocast' if bf16 else 'fp32'}" + (f"; resuming at step {start_step}" if start_step else ""))
 
     def checkpoint(step):
         states = [None] * world
-        if ddp:
+        if distributed:
             dist.all_gather_object(states, _rng_state())
         else:
             states = [_rng_state()]
+        model_sd, optim_sd = model_state(model, fsdp), optimizer_state(model, optimizer, fsdp)
         if master:
             save_checkpoint(out_dir / "checkpoints", step, {
-                "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if fsdp else "ddp",
                 "scheduler": scheduler.state_dict(), "rng": states, "world_size": world,
                 "data_position": {"next_step": step, "samples_seen": step * batches.global_batch},
                 "config": OmegaConf.to_container(cfg, resolve=True), "tokenizer": tok.to_dict(),
@@ -469,7 +558,7 @@ def run(cfg) -> dict:
             profiler.step(step - start_step)
         lr = scheduler.get_last_lr()[0]
         loss, grad_norm = train_step(train_model, micro_batches(step), accum, optimizer, scheduler, autocast,
-                                     cfg.optim.grad_clip, ddp)
+                                     cfg.optim.grad_clip, skip_sync)
         loss_sum += loss
         tokens_since += batch_tokens
         steps_since += 1
@@ -477,7 +566,7 @@ def run(cfg) -> dict:
         bar.update(1)
 
         if done % t.log_interval == 0 or done == steps:
-            if ddp:
+            if distributed:
                 dist.all_reduce(loss_sum)
                 loss_sum /= world
             if device.type == "cuda":
@@ -527,16 +616,18 @@ def run(cfg) -> dict:
         tasks.plot_curves({f"{cfg.backbone.name} + {cfg.pe.name}": result["curve"]}, out_dir / "accuracy_vs_length.png",
                           task.train_len, task.unit, title=f"{task.name}: {cfg.run_name}")
         print(f"accuracy vs {task.unit}: {out_dir / 'accuracy_vs_length.png'}")
-    if master and task is None and t.sample_tokens > 0 and steps > start_step:
+    # FSDP: every rank runs the sampling forwards (each gathers parameters), the same tokens from the same seed
+    if (master or fsdp) and task is None and t.sample_tokens > 0 and steps > start_step:
         model.eval()
         prompt = torch.tensor([tok.encode(t.sample_prompt) or [tok.eot_id]], device=device)
         with autocast:
             out = model.generate(prompt, t.sample_tokens, temperature=0.8, top_k=50,
                                  generator=torch.Generator(device).manual_seed(cfg.seed))
         result["sample"] = tok.decode(out[0].tolist())
-        print("sample:", repr(result["sample"]))
+        if master:
+            print("sample:", repr(result["sample"]))
     logger.close()
-    if ddp:
+    if distributed:
         # DDP's reducer first: were it to drop the last reference to the gloo process group, the group's destructor
         # would join gloo's worker threads while holding the GIL, and a worker that still frees the tensors of the
         # last collective needs the GIL (a deadlock seen on loaded CPU machines). The group object releases it.

@@ -1,22 +1,28 @@
 """Data sources by name (`conf/data/*.yaml`) -> token shards on disk (data/shards.py) + a tokenizer.
 
 `prepare(cfg)` returns a DataInfo, doing the work once: the result lives in `<cache_dir>/<name>-<hash of the
-config>/` and `meta.json`, written last and atomically, marks it complete. A source is a function returning a list
-of documents; new sources (FineWeb, LongCrawl64, synthetic tasks) register here.
+config>/` and `meta.json`, written last and atomically, marks it complete. A source is a function returning an
+iterable of documents (a list, or a stream such as FineWeb's); new sources register in SOURCES. A source that is
+already tokenized on disk (LongCrawl64) registers in ARRAYS instead and skips the shards.
+
+Writing is resumable: shards are written atomically as the stream goes, and `progress.json` (also atomic) records
+how many documents the written shards hold; an interrupted `prepare` continues from there. Document i is held out
+for validation when i % val_every == val_every - 1. Tokenization runs in `workers` processes (order preserved).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import embedded, text
+from . import embedded, fineweb, longcrawl64, text
 from .shards import ShardError, TokenWindows, TrainBatches, write_shard
 from .tokenizer import Tokenizer, make_tokenizer
 
@@ -26,9 +32,12 @@ SOURCES = {
     "embedded": lambda cfg: embedded.documents(),
     "text": lambda cfg: text.documents(cfg.get("files"), cfg.get("format", "text"), cfg.get("text_field", "text"),
                                        cfg.get("sample_by", "document")),
+    "fineweb": fineweb.documents,
+    "fineweb_edu": fineweb.documents,
 }
-# keys that name where or how the result is stored, not what it contains
-_NOT_HASHED = {"cache_dir"}
+ARRAYS = {"longcrawl64": longcrawl64.open_arrays}
+# keys that name where or how the result is stored or computed, not what it contains
+_NOT_HASHED = {"cache_dir", "workers"}
 
 
 @dataclass
@@ -39,6 +48,15 @@ class DataInfo:
     n_train_tokens: int
     n_val_tokens: int
     dir: str
+    arrays: dict = field(default_factory=dict)  # an ARRAYS source: split -> [documents, doc_len] token array
+
+    def windows(self, split: str, seq_len: int, seed: int = 0, shuffle: bool = True):
+        """The windows of seq_len + 1 tokens of a split ('train' or 'val') that the loader batches."""
+        if self.arrays:
+            return longcrawl64.DocWindows(self.arrays[split], seq_len, self.tokenizer.eot_id, seed, shuffle,
+                                          name=f"{self.dir} ({split})")
+        return TokenWindows(self.train_shards if split == "train" else self.val_shards, seq_len,
+                            self.tokenizer.vocab_size, seed=seed, shuffle=shuffle)
 
 
 def _key(cfg: dict) -> str:
@@ -61,58 +79,120 @@ def _load(d: Path) -> DataInfo:
                     meta["n_train_tokens"], meta["n_val_tokens"], str(d))
 
 
-def _write_split(docs, tok: Tokenizer, d: Path, prefix: str, shard_tokens: int, progress: bool) -> tuple[list, int]:
-    from tqdm import tqdm
-    names, buf, n_buf, total = [], [], 0, 0
+# ---------------------------------------------------------------------------------- tokenization (worker processes)
+_worker_tok: Tokenizer | None = None
+
+
+def _init_worker(tok_dict: dict) -> None:
+    global _worker_tok
+    _worker_tok = Tokenizer.from_dict(tok_dict)
+
+
+def _encode(docs: list[str]) -> list[np.ndarray]:
+    """Each document's tokens followed by one end-of-text token."""
+    tok = _worker_tok
     dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
+    return [np.asarray(ids + [tok.eot_id], dtype=dtype) for ids in tok.encode_batch(docs)]
 
-    def flush():
-        nonlocal buf, n_buf
-        if n_buf:
-            name = f"{prefix}_{len(names):05d}.bin"
-            write_shard(d / name, np.concatenate(buf), tok.vocab_size)
-            names.append(name)
-            buf, n_buf = [], 0
 
-    batch = 256
-    for i in tqdm(range(0, len(docs), batch), desc=f"tokenizing {prefix}", disable=not progress, unit="batch"):
-        for ids in tok.encode_batch(docs[i:i + batch]):
-            ids = np.asarray(ids + [tok.eot_id], dtype=dtype)
-            buf.append(ids)
-            n_buf += len(ids)
-            total += len(ids)
-        if n_buf >= shard_tokens:
-            flush()
-    flush()
-    return names, total
+def _batched(it, n: int):
+    it = iter(it)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def _tokenized(docs, tok: Tokenizer, workers: int, batch: int = 256):
+    """Token arrays of the documents, in order: in this process, or in `workers` processes."""
+    if workers <= 1:
+        _init_worker(tok.to_dict())
+        for b in _batched(docs, batch):
+            yield from _encode(b)
+        return
+    import multiprocessing as mp
+    # spawn: a forked child would inherit the Rust tokenizer's thread pool in an undefined state
+    with mp.get_context("spawn").Pool(workers, _init_worker, (tok.to_dict(),)) as pool:
+        for arrays in pool.imap(_encode, _batched(docs, batch), chunksize=1):
+            yield from arrays
+
+
+def write_shards(docs, tok: Tokenizer, d: Path, val_every: int, shard_tokens: int, workers: int = 1,
+                 progress: bool = True, total: int | None = None) -> dict:
+    """Tokenize a stream of documents into train_XXXXX.bin / val_XXXXX.bin shards in d, resuming from
+    d/progress.json. Each split's buffer is flushed whenever the train buffer holds shard_tokens tokens (so both
+    splits' shards end at the same document, the one progress.json records); returns the final progress."""
+    from tqdm import tqdm
+    state_path = d / "progress.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else \
+        {"next_doc": 0, "shards": {"train": [], "val": []}, "tokens": {"train": 0, "val": 0}}
+    start = state["next_doc"]
+    bufs = {"train": [], "val": []}
+    sizes = {"train": 0, "val": 0}
+
+    def flush(next_doc: int):
+        for split, buf in bufs.items():
+            if buf:
+                name = f"{split}_{len(state['shards'][split]):05d}.bin"
+                write_shard(d / name, np.concatenate(buf), tok.vocab_size)
+                state["shards"][split].append(name)
+                state["tokens"][split] += sizes[split]
+                bufs[split], sizes[split] = [], 0
+        state["next_doc"] = next_doc
+        _write_atomic(state_path, json.dumps(state))
+
+    bar = tqdm(total=total, initial=start, disable=not progress, unit="doc", desc=f"tokenizing {d.name}",
+               dynamic_ncols=True, file=sys.stdout)
+    i = start - 1
+    for i, ids in enumerate(_tokenized(itertools.islice(docs, start, None), tok, workers), start):
+        split = "val" if i % val_every == val_every - 1 else "train"
+        bufs[split].append(ids)
+        sizes[split] += len(ids)
+        bar.update(1)
+        if sizes["train"] >= shard_tokens:
+            flush(i + 1)
+            bar.set_postfix(shards=len(state["shards"]["train"]), tokens=f"{state['tokens']['train']:,}")
+    flush(i + 1)
+    bar.close()
+    return state
 
 
 def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> DataInfo:
-    """Tokenize the source into shards once (cached). With `tokenizer`, use it instead of the configured one
-    (evaluating a checkpoint on other data must use the checkpoint's tokenizer)."""
+    """Tokenize the source into shards once (cached; an interrupted run resumes). With `tokenizer`, use it instead
+    of the configured one (evaluating a checkpoint on other data must use the checkpoint's tokenizer)."""
     cfg = dict(cfg)
+    name = cfg.get("name")
+    if name in ARRAYS:
+        return ARRAYS[name](cfg, tokenizer)
     if tokenizer is not None:
         cfg["tokenizer"] = "given:" + hashlib.sha256(json.dumps(tokenizer.to_dict()).encode()).hexdigest()[:10]
-    name = cfg.get("name")
     if name not in SOURCES:
-        raise ValueError(f"unknown data={name!r}; valid choices: {sorted(SOURCES)}")
+        raise ValueError(f"unknown data={name!r}; valid choices: {sorted(SOURCES) + sorted(ARRAYS)}")
     d = Path(cfg.get("cache_dir") or "cache") / f"{name}-{_key(cfg)}"
     if (d / "meta.json").exists():
         return _load(d)
     d.mkdir(parents=True, exist_ok=True)
+    every = int(cfg.get("val_every", 20))
     docs = SOURCES[name](cfg)
-    every = int(cfg.get("val_every", 20))  # every k-th document is held out
-    val_docs = [x for i, x in enumerate(docs) if i % every == every - 1]
-    train_docs = [x for i, x in enumerate(docs) if i % every != every - 1]
-    if not train_docs or not val_docs:
-        raise ShardError(f"data={name}: {len(docs)} documents are too few for a train/validation split "
+    if (d / "tokenizer.json").exists():  # an interrupted run: its shards were written with this tokenizer
+        tok = Tokenizer.from_dict(json.loads((d / "tokenizer.json").read_text()))
+    else:
+        kind = cfg.get("tokenizer", "bpe")
+        train_docs = None
+        if tokenizer is None and kind == "bpe":  # trained on the training documents (the first bpe_docs of them)
+            limit = cfg.get("bpe_docs")
+            src = docs if isinstance(docs, list) else SOURCES[name](cfg)  # a stream is read again from its start
+            train_docs = (x for i, x in enumerate(src) if i % every != every - 1)
+            train_docs = list(itertools.islice(train_docs, limit) if limit else train_docs)
+        tok = tokenizer or make_tokenizer(kind, train_docs, int(cfg.get("vocab_size", 4096)))
+        _write_atomic(d / "tokenizer.json", json.dumps(tok.to_dict()))
+    total = len(docs) if hasattr(docs, "__len__") else cfg.get("max_docs")
+    state = write_shards(docs, tok, d, every, int(cfg.get("shard_tokens", 100_000_000)),
+                         int(cfg.get("workers") or 1), progress, total)
+    n_docs = state["next_doc"]
+    if not state["shards"]["train"] or not state["shards"]["val"]:
+        raise ShardError(f"data={name}: {n_docs} documents are too few for a train/validation split "
                          f"(every {every}-th document is held out)")
-    tok = tokenizer or make_tokenizer(cfg.get("tokenizer", "bpe"), train_docs, int(cfg.get("vocab_size", 4096)))
-    shard_tokens = int(cfg.get("shard_tokens", 100_000_000))
-    train, n_train = _write_split(train_docs, tok, d, "train", shard_tokens, progress)
-    val, n_val = _write_split(val_docs, tok, d, "val", shard_tokens, progress)
-    _write_atomic(d / "tokenizer.json", json.dumps(tok.to_dict()))
-    meta = {"name": name, "train": train, "val": val, "n_train_tokens": n_train, "n_val_tokens": n_val,
-            "n_docs": len(docs), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "config": cfg}
+    meta = {"name": name, "train": state["shards"]["train"], "val": state["shards"]["val"],
+            "n_train_tokens": state["tokens"]["train"], "n_val_tokens": state["tokens"]["val"],
+            "n_docs": n_docs, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "config": cfg}
     _write_atomic(d / "meta.json", json.dumps(meta, indent=1, default=str))
     return _load(d)

@@ -59,7 +59,7 @@ def position_loss(model, tok, data_cfg, length: int | None, max_windows: int, mi
     import data as data_lib
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
     length = choose_length(model, info.n_val_tokens, length)
-    windows = data_lib.TokenWindows(info.val_shards, length, tok.vocab_size, shuffle=False)
+    windows = info.windows("val", length, shuffle=False)
     n = min(len(windows), max_windows)
     total = torch.zeros(length, dtype=torch.float64)
     for i in tqdm(range(0, n, micro_batch), desc=f"position_loss T={length}", unit="batch", leave=False):

@@ -131,7 +131,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda"):
         x, y = data[i % 4, :, :-1].contiguous(), data[i % 4, :, 1:].contiguous()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss, _ = train_lib.train_step(train_model, [(x, y)], 1, optimizer, scheduler, autocast, 1.0, False)
+        loss, _ = train_lib.train_step(train_model, [(x, y)], 1, optimizer, scheduler, autocast, 1.0)
         end.record()
         if i == 0:
             torch.cuda.synchronize()
@@ -176,7 +176,7 @@ def loop_overhead(out: Path, steps: int):
         if i == steps // 2:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-        train_lib.train_step(cm, [(x[:, :-1], x[:, 1:])], 1, optimizer, scheduler, autocast, 1.0, False)
+        train_lib.train_step(cm, [(x[:, :-1], x[:, 1:])], 1, optimizer, scheduler, autocast, 1.0)
     torch.cuda.synchronize()
     rows["bare steps"] = (steps - steps // 2) * 32 * 1024 / (time.perf_counter() - t0)
     rows["overhead"] = 1 - rows["train.py"] / rows["bare steps"]

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import data as data_lib
+from data.tokenizer import Tokenizer
 from data.embedded import documents as embedded_documents
 from data.shards import HEADER_BYTES, ShardError, TokenWindows, TrainBatches, read_header, read_shard, write_shard
-from data.tokenizer import Tokenizer, load_pretrained
+from data.tokenizer import load_pretrained
 
 
 @pytest.mark.parametrize("vocab,dtype", [(1000, np.uint16), (70000, np.uint32)])
@@ -128,3 +129,143 @@ def test_byte_tokenizer_round_trip():
     tok = Tokenizer("byte")
     s = "héllo, wörld"
     assert tok.decode(tok.encode(s)) == s and tok.vocab_size == 257
+
+
+# ------------------------------------------------------------------------------ FineWeb, resumable writing, LongCrawl64
+WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which but".split()
+
+
+def _fineweb_rows(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"text": " ".join(rng.choice(WORDS, rng.integers(5, 60))), "id": f"<urn:{seed}-{i}>", "url": "u"}
+            for i in range(n)]
+
+
+def _split_tokens(info):
+    return (np.concatenate([read_shard(p) for p in info.train_shards]),
+            np.concatenate([read_shard(p) for p in info.val_shards]))
+
+
+def test_fineweb_from_local_parquet_and_jsonl_in_worker_processes(tmp_path):
+    """data=fineweb on local files of the published format: the shards hold every document, in order, each followed
+    by end-of-text, every 10th held out; parquet and JSON lines give the same tokens; 2 worker processes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import compose
+    rows = [_fineweb_rows(150, s) for s in range(2)]
+    for s, part in enumerate(rows):
+        pq.write_table(pa.Table.from_pylist(part), tmp_path / f"{s:03d}_00000.parquet")
+        (tmp_path / f"{s:03d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    docs = [r["text"] for part in rows for r in part]
+    common = ["data.tokenizer=byte", "data.val_every=10", "data.shard_tokens=3000", "data.workers=2",
+              f"data.cache_dir={tmp_path / 'cache'}"]
+    info = data_lib.prepare(compose(["data=fineweb", f"data.files={tmp_path}/*.parquet", *common]).data, progress=False)
+    expect = {k: np.concatenate([list(d.encode()) + [256] for i, d in enumerate(docs) if (i % 10 == 9) == (k == "val")])
+              for k in ("train", "val")}
+    train, val = _split_tokens(info)
+    assert np.array_equal(train, expect["train"]) and np.array_equal(val, expect["val"])
+    assert len(info.train_shards) > 3 and len(info.val_shards) == len(info.train_shards)
+    js = data_lib.prepare(compose(["data=fineweb_edu", f"data.files={tmp_path}/*.jsonl", *common]).data, progress=False)
+    assert all(np.array_equal(a, b) for a, b in zip(_split_tokens(js), (train, val)))
+    assert "fineweb_edu-" in js.dir
+    x, y = info.windows("train", 64, seed=0).batch([0, 1])
+    assert x.shape == (2, 64) and torch_equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="all be .parquet or all JSON lines"):
+        data_lib.prepare(compose(["data=fineweb", f"data.files=[{tmp_path}/000_00000.parquet,{tmp_path}/000.jsonl]",
+                                  *common]).data, progress=False)
+    with pytest.raises(ValueError, match="text_field='body' is not a column"):
+        data_lib.prepare(compose(["data=fineweb", f"data.files={tmp_path}/*.parquet", "data.text_field=body",
+                                  *common]).data, progress=False)
+
+
+def torch_equal(a, b):
+    return bool((a == b).all())
+
+
+def test_fineweb_from_the_hub_offline_fails_clearly(tmp_path):
+    from conftest import compose
+    with pytest.raises(RuntimeError, match="needs the Hugging Face hub.*data.files"):
+        data_lib.prepare(compose(["data=fineweb", "data.tokenizer=byte", f"data.cache_dir={tmp_path}"]).data)
+
+
+def test_interrupted_preparation_resumes_to_the_same_shards(tmp_path):
+    """Killed mid-stream, prepare leaves only whole shards and progress.json; the next run continues from there and
+    ends with exactly the shards of an uninterrupted run."""
+    docs = [r["text"] for r in _fineweb_rows(400)]
+
+    def dying(n):
+        for i, d in enumerate(docs):
+            if i == n:
+                raise KeyboardInterrupt
+            yield d
+
+    tok = Tokenizer("byte")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    ref = data_lib.write_shards(iter(docs), tok, whole, 7, 2500, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        data_lib.write_shards(dying(350), tok, cut, 7, 2500, progress=False)
+    state = json.loads((cut / "progress.json").read_text())
+    assert 0 < state["next_doc"] <= 350 and state["shards"]["train"]
+    assert not list(cut.glob("*.tmp"))
+    assert sorted(p.name for p in cut.glob("*.bin")) == sorted(state["shards"]["train"] + state["shards"]["val"])
+    again = data_lib.write_shards(iter(docs), tok, cut, 7, 2500, progress=False)
+    assert again == ref
+    for name in ref["shards"]["train"] + ref["shards"]["val"]:
+        assert (cut / name).read_bytes() == (whole / name).read_bytes()
+
+
+def _longcrawl(root, docs, fmt):
+    root.mkdir(parents=True, exist_ok=True)
+    for split, arr in docs.items():
+        if fmt == "zarr":
+            import zarr
+            z = zarr.create_array(str(root / f"{split}.zarr"), shape=arr.shape, chunks=(1, arr.shape[1]), dtype="uint16")
+            z[:] = arr
+        else:
+            arr.astype("<u2").tofile(root / f"{split}.bin")
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "bin"])
+def test_longcrawl64_layout_windows_follow_the_fox_convention(tmp_path, fmt):
+    """Documents of doc_len tokens -> doc_len // T windows each, never crossing documents; input = [BOS, w_0..w_{T-2}],
+    target = w_0..w_{T-1}; zarr and flat uint16 files read the same; the order is a seeded permutation."""
+    from conftest import compose
+    rng = np.random.default_rng(0)
+    docs = {"train": rng.integers(0, 200, (6, 64)), "heldout": rng.integers(0, 200, (2, 64))}
+    _longcrawl(tmp_path / "lc", docs, fmt)
+    cfg = compose(["data=longcrawl64", f"data.root={tmp_path / 'lc'}", "data.doc_len=64", "data.tokenizer=byte",
+                   "data.bos_id=256"]).data
+    info = data_lib.prepare(cfg, progress=False)
+    assert (info.n_train_tokens, info.n_val_tokens, info.tokenizer.eot_id) == (6 * 64, 2 * 64, 256)
+    win = info.windows("train", 24, seed=0, shuffle=False)  # 64 // 24 = 2 windows a document, 16 tokens dropped
+    assert len(win) == 12
+    x, y = win.batch(range(12))
+    assert (x[:, 0] == 256).all() and torch_equal(x[:, 1:], y[:, :-1])
+    want = np.stack([docs["train"][d, i * 24:(i + 1) * 24] for d in range(6) for i in range(2)])
+    assert np.array_equal(y.numpy(), want)
+    shuffled = info.windows("train", 24, seed=5)
+    assert sorted(shuffled.order(g) for g in range(12)) == list(range(12))
+    assert np.array_equal(info.windows("val", 64, shuffle=False).batch([1])[1].numpy()[0], docs["heldout"][1])
+    with pytest.raises(ShardError, match="model.seq_len=65 is longer than the documents"):
+        info.windows("train", 65)
+
+
+def test_longcrawl64_bad_input_is_named(tmp_path):
+    from conftest import compose
+
+    def cfg(*extra):
+        return compose(["data=longcrawl64", f"data.root={tmp_path}", "data.doc_len=64", "data.tokenizer=byte",
+                        "data.bos_id=256", *extra]).data
+    with pytest.raises(ShardError, match="neither train.zarr nor train.bin exists"):
+        data_lib.prepare(cfg())
+    np.zeros((3, 64), "<u2").tofile(tmp_path / "train.bin")
+    np.zeros((1, 64), "<u2").tofile(tmp_path / "heldout.bin")
+    with pytest.raises(ShardError, match="heldout.bin is truncated"):
+        (tmp_path / "heldout.bin").write_bytes((tmp_path / "heldout.bin").read_bytes()[:-6])
+        data_lib.prepare(cfg())
+    np.full((1, 64), 300, "<u2").tofile(tmp_path / "heldout.bin")
+    with pytest.raises(ShardError, match="token ids reach 300.*GPT-2 tokens"):
+        data_lib.prepare(cfg())
+    with pytest.raises(ShardError, match="needs data.root"):
+        data_lib.prepare(compose(["data=longcrawl64"]).data)

@@ -181,21 +181,50 @@ def test_resume_on_another_world_size_with_torchrun(tmp_path, data_cache):
 
 
 @pytest.mark.slow
+def test_fsdp_matches_one_process_and_checkpoints_cross_strategies(tmp_path, data_cache):
+    """train.strategy=fsdp (FSDP2 over 2 gloo processes) resumes a 1-process checkpoint and follows the 1-process
+    run's losses; its own checkpoint then resumes in 1 process and still follows them."""
+    opts = ("train.steps=8", "train.micro_batch=2", "optim.warmup=2")
+    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts, "train.ckpt_interval=4",
+                                         "train.keep_checkpoints=3")))
+    ref = _losses(tmp_path / "ref")
+    (tmp_path / "fsdp" / "checkpoints").mkdir(parents=True)
+    os.link(tmp_path / "ref" / "checkpoints" / "step_0000004.pt", tmp_path / "fsdp" / "checkpoints" / "step_0000004.pt")
+    fsdp = tiny_overrides(tmp_path / "fsdp", data_cache, *opts, "train.ckpt_interval=2", "train.strategy=fsdp")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29537",
+                        "train.py", *fsdp], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "x world 2 (FSDP)" in r.stdout
+    got = _losses(tmp_path / "fsdp")
+    assert sorted(got) == [5, 6, 7, 8] and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got), (got, ref)
+    ck = torch.load(tmp_path / "fsdp" / "checkpoints" / "step_0000006.pt", weights_only=False)
+    assert ck["strategy"] == "fsdp" and all(isinstance(k, str) for k in ck["optimizer"]["state"])
+    (tmp_path / "one" / "checkpoints").mkdir(parents=True)
+    os.link(tmp_path / "fsdp" / "checkpoints" / "step_0000006.pt", tmp_path / "one" / "checkpoints" / "step_0000006.pt")
+    train_lib.run(compose(tiny_overrides(tmp_path / "one", data_cache, *opts)))
+    one = _losses(tmp_path / "one")
+    assert sorted(one) == [7, 8] and all(one[s] == pytest.approx(ref[s], rel=1e-5) for s in one), (one, ref)
+
+
+@pytest.mark.slow
 def test_multirun_sweep_and_wandb_offline(tmp_path, data_cache):
     args = tiny_overrides(tmp_path / "run", data_cache, "train.steps=2")
     args = [a for a in args if not a.startswith(("out_dir", "logger.mode"))]
-    r = _python("train.py", "-m", "pe=nope,alibi", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep",
-                "logger.mode=offline", *args, drop=("WANDB_API_KEY", "WANDB_MODE"))
+    # submitit_local: the cluster launcher (submitit_slurm's twin) running each job as a local process
+    r = _python("train.py", "-m", "hydra/launcher=submitit_local", "pe=nope,alibi", "optim.lr=1e-3,2e-3",
+                f"hydra.sweep.dir={tmp_path}/sweep-7f3e", "logger.mode=offline", *args,
+                drop=("WANDB_API_KEY", "WANDB_MODE"))
     assert r.returncode == 0, r.stderr[-3000:]
     # each job trains in its own folder (no job resumes another's checkpoint), with its own settings and wandb run
-    jobs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    jobs = sorted(p for p in (tmp_path / "sweep-7f3e").iterdir() if p.is_dir() and not p.name.startswith("."))
     assert [j.name for j in jobs] == ["0", "1", "2", "3"]
     seen = set()
     for j in jobs:
         cfg = (j / "config.yaml").read_text()
         seen.add((cfg.split("pe:\n  name: ")[1].split("\n")[0], [ln for ln in cfg.splitlines() if ln.startswith("  lr:")][0]))
         assert len((j / "metrics.jsonl").read_text().splitlines()) == 3  # steps 1, 2 and the validation row
-        assert list((j / "wandb").glob("offline-run-*"))
+        runs = list((j / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(runs) == 1 and b"sweep-7f3e" in runs[0].read_bytes()  # the sweep's wandb group
     assert len(seen) == 4
 
 
@@ -233,3 +262,36 @@ def test_seed003_architectures_train(tmp_path, data_cache, arch, extra):
     assert ("gating: true" in cfg) == (arch != "sympow") and ("learned_rotation" in cfg) == (arch == "conformal_sympow")
     loss = _losses(tmp_path)
     assert loss[12] < loss[1] - 0.3 and math.isfinite(res["val_loss"]), loss
+
+
+def test_train_on_fineweb_parquet_and_longcrawl64_layout(tmp_path, data_cache):
+    """The documented FineWeb and LongCrawl64 commands on local files of the published formats; then the data
+    errors that must come before any training: context longer than the documents, fewer windows than a batch."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data import ShardError
+    rng = np.random.default_rng(0)
+    words = "the of and to in a is that for it as was with be by on not this are or from at which".split()
+    pq.write_table(pa.Table.from_pylist([{"text": " ".join(rng.choice(words, 80)), "id": str(i)} for i in range(200)]),
+                   tmp_path / "000_00000.parquet")
+    fw = train_lib.run(compose(tiny_overrides(tmp_path / "fw", data_cache, "data=fineweb", "data.tokenizer=bpe",
+                                              f"data.files={tmp_path}/*.parquet", "data.val_every=10",
+                                              "train.steps=3")))
+    assert fw["val_loss"] < math.log(512) and _losses(tmp_path / "fw")[3] < _losses(tmp_path / "fw")[1]
+
+    (tmp_path / "lc").mkdir()
+    rng.integers(0, 256, (6, 64)).astype("<u2").tofile(tmp_path / "lc" / "train.bin")
+    rng.integers(0, 256, (2, 64)).astype("<u2").tofile(tmp_path / "lc" / "heldout.bin")
+    lc = [a for a in tiny_overrides(tmp_path / "lc_run", data_cache, "data=longcrawl64", f"data.root={tmp_path}/lc",
+                                    "data.doc_len=64", "data.tokenizer=byte", "data.bos_id=256", "train.steps=2")
+          if a != "data.vocab_size=512"]
+    out = train_lib.run(compose(lc))
+    assert math.isfinite(out["val_loss"]) and len(_losses(tmp_path / "lc_run")) == 2
+    ck = train_lib.load_checkpoint(tmp_path / "lc_run" / "checkpoints" / "step_0000002.pt")
+    assert ck["config"]["data"]["name"] == "longcrawl64" and ck["tokenizer"]["kind"] == "byte"
+    with pytest.raises(ShardError, match="model.seq_len=128 is longer than the documents"):
+        train_lib.run(compose(lc + [f"out_dir={tmp_path / 'e1'}", "model.seq_len=128", "train.global_batch_tokens=512"]))
+    with pytest.raises(ShardError, match="12 training windows of 32 tokens, fewer than one global batch of 16"):
+        train_lib.run(compose(lc + [f"out_dir={tmp_path / 'e2'}", "train.global_batch_tokens=512"]))

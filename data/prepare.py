@@ -1,0 +1,30 @@
+"""Prepare a data config's shards ahead of training (train.py would do the same on rank 0 at start-up, but a
+FineWeb sample takes hours and wants many processes, not a GPU job waiting on a barrier).
+
+    python data/prepare.py data=fineweb data.sample=sample-10BT data.workers=32
+    python data/prepare.py data=fineweb data.files='/data/fineweb/sample/10BT/*.parquet' data.tokenizer=gpt2
+
+Same Hydra config as train.py, so `train.py data=fineweb <same data.* overrides>` finds the result in the cache.
+Interrupt it at any time: the next run continues from the last complete shard (data/__init__.py).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def run(cfg):
+    import data
+    from data.tasks import is_task
+    if is_task(cfg.data):
+        raise data.ShardError(f"data={cfg.data.name} is a synthetic task, generated at start-up: nothing to prepare")
+    info = data.prepare(cfg.data, progress=cfg.train.progress)
+    print(f"{cfg.data.name}: {info.n_train_tokens:,} train / {info.n_val_tokens:,} val tokens, vocabulary "
+          f"{info.tokenizer.vocab_size}, in {info.dir}")
+    return info
+
+
+if __name__ == "__main__":
+    from train import cli
+    cli(run, "config")

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Multi-GPU verification (issue #8) of the 124m transformer + RoPE, then scripts/multi_gpu_report.py compares runs.
+#   curves   200 steps of 65,536-token batches (bf16, compiled): 1 GPU, 1 GPU with micro-batch 16 (other summation
+#            order), 2 GPUs DDP, the 2-GPU run resumed from its step-100 checkpoint, 2 GPUs FSDP2
+#   fp32     20 steps in fp32 without compile: 1 GPU, 2 GPUs DDP, 2 GPUs FSDP2 (equal up to summation order)
+#   scaling  40 steps of 262,144-token batches (the embedded corpus holds 496 windows, fewer than the recipe's 512):
+#            tokens/s on 1 GPU (accum 8), 2 GPUs DDP and FSDP2 (accum 4)
+# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
+set -uo pipefail
+out=${1:?usage: multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]}
+mode=${2:-all}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
+python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/device.txt"
+base="model=124m train.micro_batch=32 train.eval_interval=100000 train.eval_tokens=262144 train.sample_tokens=0
+      train.progress=false logger.mode=disabled data.cache_dir=/tmp/mg/cache"
+run() {  # name nproc overrides...
+  name=$1 n=$2; shift 2
+  echo "=== $name ($n GPU): $*"
+  python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $base out_dir=/tmp/mg/$name "$@" \
+    > "$out/$name.log" 2>&1
+  echo "rc=$?"; grep -E "train:|step +[0-9]+0 \||error" "$out/$name.log" | tail -3
+  cp /tmp/mg/$name/metrics.jsonl "$out/$name.metrics.jsonl" 2>/dev/null
+}
+python3 -c "import data; from omegaconf import OmegaConf; data.prepare(OmegaConf.create({'name': 'embedded', 'tokenizer': 'bpe', 'vocab_size': 4096, 'cache_dir': '/tmp/mg/cache'}), progress=False)"
+if [[ $mode == curves || $mode == all ]]; then
+  c="train.steps=200 train.global_batch_tokens=65536 train.log_interval=10 train.ckpt_interval=100"
+  run gpu1 1 $c
+  run gpu1_micro16 1 $c train.micro_batch=16
+  run gpu2_ddp 2 $c
+  mkdir -p /tmp/mg/gpu2_resume/checkpoints  # the 2-GPU run as if stopped after its step-100 checkpoint
+  cp /tmp/mg/gpu2_ddp/checkpoints/step_0000100.pt /tmp/mg/gpu2_resume/checkpoints/
+  run gpu2_resume 2 $c
+  run gpu2_fsdp 2 $c train.strategy=fsdp
+fi
+if [[ $mode == fp32 || $mode == all ]]; then
+  c="train.steps=20 train.global_batch_tokens=65536 train.log_interval=1 train.ckpt_interval=100000 train.dtype=fp32 train.compile=false"
+  run fp32_gpu1 1 $c
+  run fp32_gpu2_ddp 2 $c
+  run fp32_gpu2_fsdp 2 $c train.strategy=fsdp
+fi
+if [[ $mode == scaling || $mode == all ]]; then
+  c="train.steps=40 train.global_batch_tokens=262144 train.log_interval=10 train.ckpt_interval=100000"
+  run scale_gpu1 1 $c
+  run scale_gpu2_ddp 2 $c
+  run scale_gpu2_fsdp 2 $c train.strategy=fsdp
+fi
+python3 scripts/multi_gpu_report.py "$out"
+

@@ -1,0 +1,96 @@
+"""Compare the loss curves and throughput of scripts/multi_gpu.sh's runs: OUT/multi_gpu.json, .md, .png.
+
+    python scripts/multi_gpu_report.py OUT_DIR
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+# group -> (reference run, {run: label})
+GROUPS = {
+    "curves": ("gpu1", {"gpu1": "1 GPU (micro 32 x accum 2)", "gpu1_repeat": "1 GPU, the same run repeated",
+                        "gpu1_micro16": "1 GPU (micro 16 x accum 4)",
+                        "gpu2_ddp": "2 GPUs DDP (micro 32 x accum 1)", "gpu2_resume": "2 GPUs DDP, resumed at step 100",
+                        "gpu2_fsdp": "2 GPUs FSDP2 (micro 32 x accum 1)"}),
+    "fp32": ("fp32_gpu1", {"fp32_gpu1": "1 GPU fp32", "fp32_gpu2_ddp": "2 GPUs DDP fp32",
+                           "fp32_gpu2_fsdp": "2 GPUs FSDP2 fp32"}),
+    "scaling": ("scale_gpu1", {"scale_gpu1": "1 GPU (accum 8)", "scale_gpu2_ddp": "2 GPUs DDP (accum 4)",
+                               "scale_gpu2_fsdp": "2 GPUs FSDP2 (accum 4)"}),
+}
+
+
+def rows(path: Path) -> dict:
+    out = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if "loss" in r:
+            out[r["step"]] = r
+    return out
+
+
+def compare(out: Path, ref_name: str, labels: dict) -> tuple[dict, dict]:
+    runs = {k: rows(out / f"{k}.metrics.jsonl") for k in labels if (out / f"{k}.metrics.jsonl").exists()}
+    ref, res = runs.get(ref_name), {}
+    for name, r in runs.items():
+        common = sorted(set(r) & set(ref)) if ref else []
+        diffs = [abs(r[s]["loss"] - ref[s]["loss"]) for s in common]
+        skip = 20 if max(r) > 40 else 0  # past compilation and warm-up
+        tps = [r[s]["tokens_per_s"] for s in sorted(r) if s > skip] or [r[max(r)]["tokens_per_s"]]
+        res[name] = {"label": labels[name], "steps": [min(r), max(r)], "final_loss": r[max(r)]["loss"],
+                     "max_abs_loss_diff": max(diffs) if diffs else None,
+                     "mean_abs_loss_diff": statistics.mean(diffs) if diffs else None,
+                     "tokens_per_s_median": statistics.median(tps),
+                     "peak_mem_gib": max((x.get("peak_mem_gib") or 0) for x in r.values())}
+    for v in res.values():
+        v["speedup"] = v["tokens_per_s_median"] / res[ref_name]["tokens_per_s_median"] if ref_name in res else None
+    return runs, res
+
+
+def main(out: Path):
+    device = (out / "device.txt").read_text().strip() if (out / "device.txt").exists() else None
+    report, lines, curves = {"device": device}, [f"device: {device}"], {}
+    for group, (ref_name, labels) in GROUPS.items():
+        runs, res = compare(out, ref_name, labels)
+        if not res:
+            continue
+        report[group] = res
+        curves[group] = runs
+        lines += ["", f"### {group} (differences and speed-up against: {labels[ref_name]})", "",
+                  "| run | steps | final loss | max abs loss diff | mean abs loss diff | tokens/s (median) | speed-up | "
+                  "peak GiB |", "|---|---|---|---|---|---|---|---|"]
+        for v in res.values():
+            f = (lambda x: "-" if x is None else f"{x:.2e}")
+            lines.append(f"| {v['label']} | {v['steps'][0]}-{v['steps'][1]} | {v['final_loss']:.4f} | "
+                         f"{f(v['max_abs_loss_diff'])} | {f(v['mean_abs_loss_diff'])} | {v['tokens_per_s_median']:,.0f} | "
+                         f"{v['speedup']:.2f} | {v['peak_mem_gib']:.1f} |")
+        if group == "curves" and {"gpu2_ddp", "gpu2_resume"} <= set(runs):
+            a, b = runs["gpu2_ddp"], runs["gpu2_resume"]
+            report["resume_max_abs_loss_diff"] = max(abs(a[s]["loss"] - b[s]["loss"]) for s in b)
+            lines.append(f"\nresumed vs uninterrupted 2-GPU run, steps {min(b)}-{max(b)}: max abs loss difference "
+                         f"{report['resume_max_abs_loss_diff']:.2e}")
+    (out / "multi_gpu.json").write_text(json.dumps(report, indent=1))
+    (out / "multi_gpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    if "curves" in curves:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, r in curves["curves"].items():
+            s = sorted(r)
+            ax.plot(s, [r[x]["loss"] for x in s], label=GROUPS["curves"][1][name], lw=1.2,
+                    ls="--" if "resume" in name else "-")
+        ax.set(xlabel="step", ylabel="training loss (mean of 10 steps)",
+               title=f"124m transformer + RoPE, 65,536-token batches, bf16, {(device or '').split(',')[0]}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "multi_gpu.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
