@@ -79,6 +79,9 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
     if t.get("strategy", "ddp") not in STRATEGIES:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
+    if t.get("doc_boundaries") and is_task(cfg.data):
+        raise ConfigError(f"train.doc_boundaries packs text documents; data={cfg.data.name} is a synthetic task whose "
+                          "examples are already separate sequences: leave it false")
     if t.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device={t.device!r}; valid choices: ['auto', 'cpu', 'cuda']")
     if t.device == "cuda" and not torch.cuda.is_available():
@@ -124,10 +127,10 @@ def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, aut
     and schedule advance. Returns the mean loss and the gradient norm as device tensors: nothing here waits for the
     GPU."""
     loss_sum = 0.0
-    for micro, (x, y) in enumerate(micro_batches):
+    for micro, (x, y, *cu) in enumerate(micro_batches):  # (x, y) or (x, y, cu_seqlens)
         sync = skip_sync() if skip_sync is not None and micro < accum - 1 else nullcontext()
         with sync, autocast, training_backends():
-            _, loss = train_model(x, y)
+            _, loss = train_model(x, y, cu_seqlens=cu[0]) if cu else train_model(x, y)
         (loss / accum).backward()
         loss_sum = loss_sum + loss.detach() / accum
     grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), grad_clip)
@@ -377,15 +380,22 @@ def peak_flops(device: torch.device) -> float | None:
 
 # ------------------------------------------------------------------------------------------------------- eval
 @torch.no_grad()
-def evaluate(model, windows, n_windows: int, micro_batch: int, device, autocast, rank: int, world: int) -> float:
-    """Mean next-token loss over the first n_windows validation windows (fixed order), split across ranks."""
+def evaluate(model, windows, n_windows: int, micro_batch: int, device, autocast, rank: int, world: int,
+             eot: int | None = None) -> float:
+    """Mean next-token loss over the first n_windows validation windows (fixed order), split across ranks (with
+    eot: documents packed and kept apart, as train.doc_boundaries trains)."""
+    from data import pack_documents
     model.eval()
     ids = list(range(min(n_windows, len(windows))))[rank::world]
     total, count = torch.zeros((), device=device), torch.zeros((), device=device)
     for i in range(0, len(ids), micro_batch):
         x, y = windows.batch(ids[i:i + micro_batch])
+        cu = None
+        if eot is not None:
+            x, y, cu = pack_documents(x, y, eot)
+            cu = cu.to(device)
         with autocast:
-            _, loss = model(x.to(device), y.to(device))
+            _, loss = model(x.to(device), y.to(device), cu_seqlens=cu)
         total += loss.float() * x.shape[0]
         count += x.shape[0]
     if world > 1:
@@ -540,10 +550,12 @@ def run(cfg) -> dict:
 
     def micro_batches(step):
         for micro in range(accum):
-            x, y = batches.get(step, micro)
+            batch = batches.get(step, micro)
+            if t.get("doc_boundaries"):  # boundaries found on the host: no sync
+                batch = data_lib.pack_documents(*batch, tok.eot_id)
             if use_cuda:  # from pinned memory the copy is asynchronous: the host runs ahead of the GPU
-                x, y = x.pin_memory(), y.pin_memory()
-            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                batch = [b.pin_memory() for b in batch]
+            yield tuple(b.to(device, non_blocking=True) for b in batch)
 
     from tqdm import tqdm
     bar = tqdm(total=steps, initial=start_step, disable=not (master and t.progress), unit="step", dynamic_ncols=True,
@@ -595,7 +607,8 @@ def run(cfg) -> dict:
             result.update(m)
             t_last = time.perf_counter()
         elif done % t.eval_interval == 0 or done == steps:
-            val = evaluate(model, val_windows, n_val, t.micro_batch, device, autocast, rank, world)
+            val = evaluate(model, val_windows, n_val, t.micro_batch, device, autocast, rank, world,
+                           tok.eot_id if t.get("doc_boundaries") else None)
             logger.log({"step": done, "val_loss": val, "val_ppl": math.exp(min(val, 50))})
             if master:
                 bar.write(f"step {done:6d} | val loss {val:.4f} | val ppl {math.exp(min(val, 50)):.2f}")

@@ -129,6 +129,16 @@ class TokenWindows:
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
+def pack_documents(x: torch.Tensor, y: torch.Tensor, eot: int):
+    """Windows [B, T] -> one packed row [1, B T] and its document boundaries cu_seqlens [N + 1] (int64): a document
+    starts at each window's first token and at each end-of-text token, the BOS of the document after it. The model
+    then keeps every document to itself (train.doc_boundaries; model/gpt.py)."""
+    B, T = x.shape
+    flat = x.reshape(-1)
+    starts = torch.cat([torch.arange(0, B * T + 1, T), (flat == eot).nonzero()[:, 0]])
+    return flat[None], y.reshape(1, -1), torch.unique(starts, sorted=True)
+
+
 class TrainBatches:
     """Micro-batches of one rank. Step s, micro-step m, rank r of world w reads global samples
     s*G + (m*w + r)*b + [0, b), with G = accum * w * b the global batch in sequences."""

@@ -25,7 +25,7 @@ from torch import nn
 from kernels.attention import varying_shapes
 from kernels.linear_ce import linear_cross_entropy
 
-from .mixers.base import residual_linear
+from .mixers.base import per_document, residual_linear
 from .pe.sinusoidal import sinusoid_table
 
 
@@ -70,8 +70,15 @@ class Block(nn.Module):
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden) if cfg.mlp_hidden else None
 
-    def forward(self, x, cache=None):
-        x = x + self.mixer(self.norm1(x), cache)
+    def forward(self, x, cache=None, cu_seqlens=None):
+        h = self.norm1(x)
+        if cu_seqlens is None:
+            h = self.mixer(h, cache)
+        elif self.mixer.packed:  # its kernels take the document boundaries
+            h = self.mixer(h, cu_seqlens=cu_seqlens)
+        else:
+            h = per_document(self.mixer, h, cu_seqlens)
+        x = x + h
         return x + self.mlp(self.norm2(x)) if self.mlp is not None else x
 
 
@@ -116,15 +123,19 @@ class GPT(nn.Module):
             if hasattr(m, "init_extra"):
                 m.init_extra()
 
-    def forward(self, idx, targets=None, cache: Cache | None = None):
+    def forward(self, idx, targets=None, cache: Cache | None = None, cu_seqlens=None):
         """idx [B, T] -> (logits [B, T, V], loss or None). Targets of -1 are ignored by the loss. With fused_loss the
-        loss comes without logits (None)."""
+        loss comes without logits (None). cu_seqlens [N + 1]: idx [1, T] packs N documents (boundaries at
+        cu_seqlens), and no token sees another document's (data/shards.py, pack_documents)."""
         x = self.wte(idx)
         if self.abs_pe is not None:
-            x = self.abs_pe(x, 0 if cache is None else cache.offset)
+            if cu_seqlens is None:
+                x = self.abs_pe(x, 0 if cache is None else cache.offset)
+            else:  # positions restart at each document
+                x = per_document(lambda d: self.abs_pe(d, 0), x, cu_seqlens)
         x = self.embed_norm(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if cache is None else cache.layers[i])
+            x = block(x, None if cache is None else cache.layers[i], cu_seqlens)
         if cache is not None:
             cache.offset += idx.shape[1]
         if self.decoder is not None:

@@ -66,6 +66,7 @@ def test_unknown_group_option_lists_choices():
     ("resume=/nonexistent.pt", "not a checkpoint file"),
     ("train.steps=0", "steps"),
     ("train.profile_steps=-1", "integer >= 0"),
+    ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
 ])
 def test_bad_config_fails_before_work(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
@@ -110,6 +111,20 @@ def test_resume_reproduces_every_loss_exactly(tmp_path, data_cache):
     assert all(a_loss[s] == b_loss[s] for s in range(1, 9)), (a_loss, b_loss)
     assert full["loss"] == resumed["loss"] and full["val_loss"] == resumed["val_loss"]
     assert a_loss[8] < a_loss[1]
+
+
+def test_doc_boundaries_train_and_validate_on_packed_documents(tmp_path, data_cache):
+    """train.doc_boundaries: the same windows, packed with documents kept apart: other losses than without (tokens
+    after an end-of-text no longer see the previous document), still learning; refused for synthetic tasks."""
+    common = ["train.steps=5", "optim.warmup=1", "train.micro_batch=8", "model.seq_len=128",
+              "train.global_batch_tokens=1024", "train.eval_tokens=4096"]  # documents end in steps 3 and 5
+    plain = train_lib.run(compose(tiny_overrides(tmp_path / "a", data_cache, *common)))
+    packed = train_lib.run(compose(tiny_overrides(tmp_path / "b", data_cache, *common, "train.doc_boundaries=true")))
+    a, b = _losses(tmp_path / "a"), _losses(tmp_path / "b")
+    assert a[1] == b[1] and a[3] != b[3] and b[5] < b[1] and math.isfinite(packed["val_loss"])
+    assert packed["val_loss"] != plain["val_loss"]
+    with pytest.raises(ConfigError, match="doc_boundaries packs text documents"):
+        train_lib.run(compose(["task=mqar", "train.doc_boundaries=true", f"out_dir={tmp_path / 'c'}"]))
 
 
 def test_fused_loss_trains_like_the_plain_loss_and_the_profiler_writes_its_table(tmp_path, data_cache):

@@ -26,6 +26,7 @@ from .base import Mixer, register, residual_linear
 class SoftmaxAttention(Mixer):
     softmax = True
     pe_kinds = ("none", "absolute", "rotary", "score", "vo_rotary")
+    packed_schemes = ("nope", "rope", "alibi")
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False):
         super().__init__(d_model, n_heads, pe)
@@ -34,12 +35,12 @@ class SoftmaxAttention(Mixer):
         self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         q, k = self.q_norm(q), self.k_norm(k)
         offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset)
+        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         vo = self.pe is not None and self.pe.kind == "vo_rotary"
         if vo:
             phi = self.pe.angles(T, offset, self.head_dim, x.device)
@@ -49,7 +50,7 @@ class SoftmaxAttention(Mixer):
                 k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
             cache.update(k=k, v=v, offset=offset + T)
         score = self.pe(q, k, offset=offset) if self.pe is not None and self.pe.kind == "score" else {}
-        o = decayed_attention(q, k, v, **score)
+        o = decayed_attention(q, k, v, **score, cu_seqlens=cu_seqlens)
         if vo:
             o = rotate(o, -phi)
         return self.o_proj(o.reshape(B, T, self.d_model))

@@ -15,6 +15,7 @@ onto the constructor's keyword-only arguments.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 REGISTRY: dict[str, type["Mixer"]] = {}
@@ -35,10 +36,30 @@ def residual_linear(d_in: int, d_out: int) -> nn.Linear:
     return lin
 
 
+def document_positions(cu_seqlens: torch.Tensor, n: int) -> torch.Tensor:
+    """The position of each of n packed tokens within its own document (0 at each cu_seqlens start)."""
+    t = torch.arange(n, device=cu_seqlens.device)
+    return t - cu_seqlens[torch.bucketize(t, cu_seqlens[1:], right=True)]
+
+
+def per_document(fn, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """fn applied to each document of packed x [1, N, ...] on its own: the definition of document boundaries, and
+    the path of mixers without a packed (cu_seqlens) kernel. Reads the boundaries on the host (a sync)."""
+    b = cu_seqlens.tolist()
+    return torch.cat([fn(x[:, s:e]) for s, e in zip(b[:-1], b[1:]) if e > s], 1)
+
+
 class Mixer(nn.Module):
     name: str = "?"
     pe_kinds: tuple[str, ...] = ("none",)
     softmax: bool = False  # scores go through a softmax (Selective RoPE then L2-normalises q for its angles)
+    # the packed schemes this mixer's forward(x, cu_seqlens=...) handles itself (kernels take document boundaries);
+    # with any other scheme the trunk runs it per document (per_document)
+    packed_schemes: tuple[str, ...] = ()
+
+    @property
+    def packed(self) -> bool:
+        return (self.pe.name if self.pe is not None else "nope") in self.packed_schemes
 
     def __init__(self, d_model: int, n_heads: int, pe=None):
         super().__init__()
@@ -79,9 +100,12 @@ class Mixer(nn.Module):
         cache.update(S=S, offset=offset + T)
         return o
 
-    def rotate_qk(self, q, k, x, cache, offset):
-        """Apply a rotary scheme, if any, to q and k [B, T, H, D] at absolute positions offset.. ."""
+    def rotate_qk(self, q, k, x, cache, offset, cu_seqlens=None):
+        """Apply a rotary scheme, if any, to q and k [B, T, H, D] at absolute positions offset.. (packed input: at
+        each token's position within its document)."""
         if self.pe is not None and self.pe.kind == "rotary":
+            if cu_seqlens is not None:
+                return self.pe(q, k, positions=document_positions(cu_seqlens, q.shape[1]))
             pe_cache = None if cache is None else cache.setdefault("pe", {})
             q, k = self.pe(q, k, offset=offset, x=x, cache=pe_cache)
         return q, k

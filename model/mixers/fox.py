@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Mixer, register, residual_linear
+from .base import Mixer, per_document, register, residual_linear
 from .layers import ShortConv, gated_attention, up
 
 
@@ -23,6 +23,7 @@ from .layers import ShortConv, gated_attention, up
 class FoX(Mixer):
     softmax = True
     pe_kinds = ("none", "absolute", "rotary")
+    packed_schemes = ("nope", "rope")
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False, output_gate: bool = False,
                  short_conv: bool = False, conv_size: int = 4):
@@ -40,8 +41,10 @@ class FoX(Mixer):
         with torch.no_grad():
             self.f_proj.bias.copy_(torch.linspace(1.0, 5.0, self.n_heads))
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
+        if cu_seqlens is not None and self.conv is not None:  # the convolution would reach across documents
+            return per_document(self, x, cu_seqlens)
         qkv = self.qkv(x)
         if self.conv is not None:
             qkv = self.conv(qkv, cache)
@@ -49,8 +52,8 @@ class FoX(Mixer):
         q, k = self.q_norm(q), self.k_norm(k)
         f = self.log_gate(x)
         offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset)
-        o = gated_attention(q, k, v, f, cache, offset).reshape(B, T, self.d_model)
+        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
+        o = gated_attention(q, k, v, f, cache, offset, cu_seqlens=cu_seqlens).reshape(B, T, self.d_model)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)

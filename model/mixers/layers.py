@@ -79,7 +79,7 @@ class ScalarDecay(nn.Module):
         return -torch.exp(up(self.A_log)) * F.softplus(up(self.a_proj(x)) + self.dt_bias)
 
 
-def gated_attention(q, k, v, log_gate, cache: dict | None, offset: int, power: int | None = None):
+def gated_attention(q, k, v, log_gate, cache: dict | None, offset: int, power: int | None = None, cu_seqlens=None):
     """Softmax (power None) or symmetric-power attention with a forget gate (log_gate [B, T, H], or None), c the
     cumulative sum of the gate: the training form over the whole sequence, or with a KV cache (keys, values and the
     running c) for generation: FoX and sympow."""
@@ -93,4 +93,4 @@ def gated_attention(q, k, v, log_gate, cache: dict | None, offset: int, power: i
         cache.update(k=k, v=v, offset=offset + q.shape[1])
         if c is not None:
             cache["c"] = c
-    return decayed_attention(q, k, v, log_decay=c, power=power)
+    return decayed_attention(q, k, v, log_decay=c, power=power, cu_seqlens=cu_seqlens)

@@ -25,14 +25,15 @@ class RoPE(PositionalScheme):
             raise ValueError(f"pe={self.name} rotates channel pairs: the q/k head size {dim} must be even")
         return rope_frequencies(dim, self.base).to(device=device, dtype=torch.float32)
 
-    def angles(self, T: int, offset: int, dim: int, device) -> torch.Tensor:
-        """phi [T, 1, dim/2] for positions offset .. offset+T-1 (broadcasts over batch and heads)."""
-        pos = torch.arange(offset, offset + T, device=device, dtype=torch.float32)
-        return (pos[:, None] * self.frequencies(dim, device)[None, :])[:, None, :]
+    def angles(self, T: int, offset: int, dim: int, device, positions=None) -> torch.Tensor:
+        """phi [T, 1, dim/2] for positions offset .. offset+T-1, or the given positions [T] (broadcasts over batch
+        and heads)."""
+        pos = torch.arange(offset, offset + T, device=device) if positions is None else positions
+        return (pos.float()[:, None] * self.frequencies(dim, device)[None, :])[:, None, :]
 
-    def forward(self, q, k, *, offset: int = 0, x=None, cache=None):
+    def forward(self, q, k, *, offset: int = 0, x=None, cache=None, positions=None):
         # The cumulative sum of constant increments has the closed form t * theta, which torch.compile fuses into
         # the neighbouring ops; cumulative_rotation(q, k, None, theta, phi0=offset - 1) computes the same
         # (tests/test_rotary.py), and is what a scheme with data-dependent increments uses.
-        phi = self.angles(q.shape[1], offset, q.shape[-1], q.device)
+        phi = self.angles(q.shape[1], offset, q.shape[-1], q.device, positions)
         return rotate(q, phi), rotate(k, phi)
