@@ -14,7 +14,9 @@ encoding that the dual softmax scheme puts into its scores (seed 000).
 `*_recurrent` are the token-by-token definitions (the oracles, and the decoding step). `gated_chunked` and
 `delta_rule_chunked` are exact chunked parallel forms (the CPU training path; gate differences are taken pairwise
 inside chunks of 16, so they are stable).
-`gated`, `delta_rule` and `oja` dispatch: FLA's Triton kernels on CUDA, the references elsewhere.
+`gated`, `delta_rule` and `oja` dispatch: FLA's Triton kernels on CUDA, the references elsewhere. `gated` and
+`delta_rule` take packed documents (B = 1, boundaries cu_seqlens [N + 1]): each document starts from S = 0; FLA's
+varlen kernels on CUDA, the reference per document elsewhere.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ def _f32(*xs):
     """References accumulate in at least fp32 (the state sums over many tokens)."""
     dt = torch.promote_types(xs[0].dtype, torch.float32)
     return [None if x is None else x.to(dt) for x in xs]
+
+
+def _per_document(fn, cu_seqlens, *args):
+    """fn(*args) on each document of packed [1, T, ...] tensors (None and numbers pass through); outputs joined."""
+    b = cu_seqlens.tolist()
+    return torch.cat([fn(*(a[:, s:e] if torch.is_tensor(a) and a.dim() > 1 else a for a in args))[0]
+                      for s, e in zip(b[:-1], b[1:]) if e > s], 1), None
 
 
 def _state(q, v, S0):
@@ -72,15 +81,18 @@ def gated_chunked(q, k, v, g, scale, S0=None, chunk: int = 16):
     return torch.cat(out, 1), S
 
 
-def gated(q, k, v, g, scale, S0=None, output_state=False):
+def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None):
     """g: [B, T, H, K] (diagonal gate) or [B, T, H, 1] (scalar gate per head), log space."""
     if _fla_ok(q):
         if g.shape[-1] == 1:
             from fla.ops.simple_gla import chunk_simple_gla
             return chunk_simple_gla(q, k, v, g=g[..., 0].float(), scale=scale, initial_state=S0,
-                                    output_final_state=output_state)
+                                    output_final_state=output_state, cu_seqlens=cu_seqlens)
         from fla.ops.gla import chunk_gla
-        return chunk_gla(q, k, v, g=g.float(), scale=scale, initial_state=S0, output_final_state=output_state)
+        return chunk_gla(q, k, v, g=g.float(), scale=scale, initial_state=S0, output_final_state=output_state,
+                         cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        return _per_document(gated_chunked, cu_seqlens, q, k, v, g.expand(*q.shape[:3], g.shape[-1]), scale)
     return gated_chunked(q, k, v, g, scale, S0)
 
 
@@ -129,14 +141,17 @@ def delta_rule_chunked(q, k, v, beta, scale, g=None, S0=None, chunk: int = 16):
     return torch.cat(out, 1), S
 
 
-def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False):
+def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seqlens=None):
     if _fla_ok(q):
         if g is None:
             from fla.ops.delta_rule import chunk_delta_rule
-            return chunk_delta_rule(q, k, v, beta=beta, scale=scale, initial_state=S0, output_final_state=output_state)
+            return chunk_delta_rule(q, k, v, beta=beta, scale=scale, initial_state=S0, output_final_state=output_state,
+                                    cu_seqlens=cu_seqlens)
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         return chunk_gated_delta_rule(q, k, v, g=g.float(), beta=beta, scale=scale, initial_state=S0,
-                                      output_final_state=output_state)
+                                      output_final_state=output_state, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        return _per_document(delta_rule_chunked, cu_seqlens, q, k, v, beta, scale, g)
     return delta_rule_chunked(q, k, v, beta, scale, g, S0)
 
 

@@ -86,12 +86,12 @@ class Mixer(nn.Module):
         """Forward FLOPs per token spent outside parameter matmuls (the trunk counts those as 2 * params)."""
         raise NotImplementedError
 
-    def recurrence(self, parallel, step, args, cache, offset):
+    def recurrence(self, parallel, step, args, cache, offset, cu_seqlens=None):
         """The three forms of a linear recurrence `parallel(*args, S0=, output_state=)` / `step(*args, S0=)`:
-        training (parallel, no state), decoding (one recurrent step from the cached state S), prefill (parallel
-        form continuing from and returning S)."""
+        training (parallel, no state; packed documents with cu_seqlens), decoding (one recurrent step from the
+        cached state S), prefill (parallel form continuing from and returning S)."""
         if cache is None:
-            return parallel(*args)[0]
+            return parallel(*args, cu_seqlens=cu_seqlens)[0] if cu_seqlens is not None else parallel(*args)[0]
         T = args[0].shape[1]
         if T == 1:
             o, S = step(*args, S0=cache.get("S"))

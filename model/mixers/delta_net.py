@@ -24,6 +24,7 @@ from .layers import GatedOutput, ScalarDecay, ShortConv, l2norm, up
 
 class _DeltaNet(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
+    packed_schemes = ("nope", "rope")
     gated = False
 
     def __init__(self, d_model, n_heads, pe=None, *, expand_v: float = 1.0, conv_size: int = 4,
@@ -42,17 +43,18 @@ class _DeltaNet(Mixer):
         self.decay = ScalarDecay(d_model, H) if self.gated else None
         self.out = GatedOutput(d_model, H, self.dv, output_gate)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
         H = self.n_heads
-        q = l2norm(self.q_conv(self.q_proj(x), cache, "q_conv").view(B, T, H, self.dk))
-        k = l2norm(self.k_conv(self.k_proj(x), cache, "k_conv").view(B, T, H, self.dk))
-        v = self.v_conv(self.v_proj(x), cache, "v_conv").view(B, T, H, self.dv)
+        q = l2norm(self.q_conv(self.q_proj(x), cache, "q_conv", cu_seqlens).view(B, T, H, self.dk))
+        k = l2norm(self.k_conv(self.k_proj(x), cache, "k_conv", cu_seqlens).view(B, T, H, self.dk))
+        v = self.v_conv(self.v_proj(x), cache, "v_conv", cu_seqlens).view(B, T, H, self.dv)
         beta = self.beta_max * torch.sigmoid(up(self.b_proj(x)))
         g = self.log_gate(x)
         offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset)
-        o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), cache, offset)
+        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
+        o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), cache, offset,
+                            cu_seqlens)
         return self.out(o.to(x.dtype), x)
 
     def log_gate(self, x):

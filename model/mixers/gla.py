@@ -24,6 +24,7 @@ from .layers import GatedOutput, up
 @register("gla")
 class GLA(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
+    packed_schemes = ("nope", "rope")
 
     def __init__(self, d_model, n_heads, pe=None, *, expand_k: float = 0.5, expand_v: float = 1.0,
                  gate_low_rank: int = 16, gate_normalizer: float = 16.0, output_gate: bool = True):
@@ -39,7 +40,7 @@ class GLA(Mixer):
         self.gate_normalizer = gate_normalizer
         self.out = GatedOutput(d_model, n_heads, self.dv, output_gate)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
         H = self.n_heads
         q = self.q_proj(x).view(B, T, H, self.dk)
@@ -47,8 +48,8 @@ class GLA(Mixer):
         v = self.v_proj(x).view(B, T, H, self.dv)
         g = self.log_gate(x, per_channel=True)
         offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset)
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset)
+        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
+        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset, cu_seqlens)
         return self.out(o.to(x.dtype), x)
 
     def log_gate(self, x, per_channel: bool = False):

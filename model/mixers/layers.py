@@ -19,8 +19,15 @@ class ShortConv(nn.Module):
         self.kernel_size, self.activation = kernel_size, activation
         self.weight = nn.Parameter(torch.randn(dim, 1, kernel_size) / kernel_size ** 0.5)
 
-    def forward(self, x, cache: dict | None = None, key: str = "conv"):
+    def forward(self, x, cache: dict | None = None, key: str = "conv", cu_seqlens=None):
         B, T, D = x.shape
+        if cu_seqlens is not None:  # packed documents: tap i (lag i) reaches back only inside the token's document
+            from .base import document_positions
+            pos = document_positions(cu_seqlens, T)[None, :, None]
+            w = self.weight.to(x.dtype)[:, 0]  # [D, K]; w[:, K - 1 - i] multiplies x_{t - i}
+            y = sum(F.pad(x, (0, 0, i, 0))[:, :T] * (pos >= i) * w[:, self.kernel_size - 1 - i]
+                    for i in range(self.kernel_size))
+            return F.silu(y) if self.activation else y
         past = x.new_zeros(B, self.kernel_size - 1, D) if cache is None or key not in cache else cache[key]
         full = torch.cat([past, x], 1)
         if cache is not None:

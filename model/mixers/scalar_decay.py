@@ -26,19 +26,20 @@ def retnet_gammas(n_heads: int) -> torch.Tensor:
 
 class _ScalarDecay(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
+    packed_schemes = ("nope", "rope")
 
     def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
         super().__init__(d_model, n_heads, pe)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = GatedOutput(d_model, n_heads, self.head_dim, output_gate)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         g = self.log_gate(x)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
         offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset)
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), cache, offset)
+        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
+        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), cache, offset, cu_seqlens)
         return self.out(o.to(x.dtype), x)
 
     def flops_per_token(self, seq_len):
