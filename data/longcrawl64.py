@@ -55,7 +55,8 @@ def open_arrays(cfg: dict, tokenizer: Tokenizer | None = None):
         raise ShardError("data=longcrawl64 needs data.root=<folder with train.zarr / heldout.zarr or .bin files>")
     root, doc_len = Path(cfg["root"]).expanduser(), int(cfg.get("doc_len", 65536))
     arrays = {s: _open(root, name, doc_len) for s, name in SPLITS.items()}
-    tok = tokenizer or make_tokenizer(cfg.get("tokenizer", "gpt2"), None, 0)
+    # a copy of a given tokenizer (a checkpoint's): its end-of-text id is set to the BOS below
+    tok = Tokenizer.from_dict(tokenizer.to_dict()) if tokenizer else make_tokenizer(cfg.get("tokenizer", "gpt2"), None, 0)
     sample = max(int(np.asarray(a[:4]).max()) for a in arrays.values())  # the first documents of each split
     if sample >= tok.vocab_size or int(cfg.get("bos_id", 50256)) >= tok.vocab_size:
         raise ShardError(f"{root}: token ids reach {sample} (BOS {cfg.get('bos_id', 50256)}), the tokenizer "
