@@ -644,7 +644,8 @@ def run(cfg) -> dict:
         # DDP's reducer first: were it to drop the last reference to the gloo process group, the group's destructor
         # would join gloo's worker threads while holding the GIL, and a worker that still frees the tensors of the
         # last collective needs the GIL (a deadlock seen on loaded CPU machines). The group object releases it.
-        train_model = None
+        # skip_sync is DDP's bound no_sync: it holds the wrapper too.
+        train_model = skip_sync = None
         dist.destroy_process_group()
     return result
 
