@@ -65,9 +65,11 @@ def labels(loaded, paths) -> list[str]:
 
 
 @torch.no_grad()
-def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: int, device, autocast) -> dict:
+def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: int, device, autocast,
+               doc_boundaries: bool = False) -> dict:
     """Mean next-token loss over the first n_tokens of the data's validation split, tokenized by the model's own
-    tokenizer, in windows of seq_len (which may exceed the training context)."""
+    tokenizer, in windows of seq_len (which may exceed the training context); with doc_boundaries, documents packed
+    and kept apart, as a model trained with train.doc_boundaries saw them."""
     import data as data_lib
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
     windows = info.windows("val", seq_len, shuffle=False)
@@ -75,8 +77,12 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
     total, count = 0.0, 0
     for i in range(0, n, micro_batch):
         x, y = windows.batch(range(i, min(n, i + micro_batch)))
+        cu = None
+        if doc_boundaries:
+            x, y, cu = data_lib.pack_documents(x, y, tok.eot_id)
+            cu = cu.to(device)
         with autocast:
-            _, loss = model(x.to(device), y.to(device))
+            _, loss = model(x.to(device), y.to(device), cu_seqlens=cu)
         total += loss.item() * y.numel()
         count += y.numel()
     loss = total / count
@@ -222,7 +228,8 @@ def run(cfg) -> dict:
         for (model, tok, ckpt), name, path in zip(loaded, names, paths):
             if cfg.mode == "perplexity":
                 seq = cfg.seq_len or ckpt["config"]["model"]["seq_len"]
-                r = perplexity(model, tok, data_config(cfg, ckpt), seq, cfg.eval_tokens, cfg.micro_batch, device, autocast)
+                r = perplexity(model, tok, data_config(cfg, ckpt), seq, cfg.eval_tokens, cfg.micro_batch, device, autocast,
+                               bool(ckpt["config"]["train"].get("doc_boundaries")))
                 print(f"{name} | val loss {r['val_loss']:.4f} | perplexity {r['val_ppl']:.2f} | "
                       f"{r['tokens']:,} tokens at context {seq}")
             elif cfg.mode == "task":

@@ -123,6 +123,9 @@ def test_doc_boundaries_train_and_validate_on_packed_documents(tmp_path, data_ca
     a, b = _losses(tmp_path / "a"), _losses(tmp_path / "b")
     assert a[1] == b[1] and a[3] != b[3] and b[5] < b[1] and math.isfinite(packed["val_loss"])
     assert packed["val_loss"] != plain["val_loss"]
+    ev = eval_lib.run(compose([f"ckpt={tmp_path / 'b'}", "mode=perplexity", "eval_tokens=4096", "micro_batch=8"],
+                              "eval"))
+    assert ev["val_loss"] == pytest.approx(packed["val_loss"], rel=1e-6)  # evaluated as it was trained
     with pytest.raises(ConfigError, match="doc_boundaries packs text documents"):
         train_lib.run(compose(["task=mqar", "train.doc_boundaries=true", f"out_dir={tmp_path / 'c'}"]))
 
