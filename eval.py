@@ -71,22 +71,12 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
     tokenizer, in windows of seq_len (which may exceed the training context); with doc_boundaries, documents packed
     and kept apart, as a model trained with train.doc_boundaries saw them."""
     import data as data_lib
+    from train import evaluate  # training's own validation, in one process
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
     windows = info.windows("val", seq_len, shuffle=False)
     n = min(len(windows), max(1, n_tokens // seq_len))
-    total, count = 0.0, 0
-    for i in range(0, n, micro_batch):
-        x, y = windows.batch(range(i, min(n, i + micro_batch)))
-        cu = None
-        if doc_boundaries:
-            x, y, cu = data_lib.pack_documents(x, y, tok.eot_id)
-            cu = cu.to(device)
-        with autocast:
-            _, loss = model(x.to(device), y.to(device), cu_seqlens=cu)
-        total += loss.item() * y.numel()
-        count += y.numel()
-    loss = total / count
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "tokens": count, "seq_len": seq_len}
+    loss = evaluate(model, windows, n, micro_batch, device, autocast, 0, 1, tok.eot_id if doc_boundaries else None)
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "tokens": n * seq_len, "seq_len": seq_len}
 
 
 def task_accuracy(model, ckpt, cfg, device, autocast, plot: Path) -> dict:

@@ -396,8 +396,8 @@ def evaluate(model, windows, n_windows: int, micro_batch: int, device, autocast,
             cu = cu.to(device)
         with autocast:
             _, loss = model(x.to(device), y.to(device), cu_seqlens=cu)
-        total += loss.float() * x.shape[0]
-        count += x.shape[0]
+        total += loss.float() * y.numel()  # by tokens: a packed batch is one row
+        count += y.numel()
     if world > 1:
         dist.all_reduce(total)
         dist.all_reduce(count)

@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from .shards import EpochOrder, ShardError
+from .shards import EpochOrder, ShardError, TokenWindows
 from .tokenizer import Tokenizer, make_tokenizer
 
 SPLITS = {"train": "train", "val": "heldout"}
@@ -88,9 +87,7 @@ class DocWindows:
         w = np.asarray(self.array[doc, i * self.seq_len:(i + 1) * self.seq_len], dtype=np.int64)
         return np.concatenate([[self.bos], w])
 
-    def batch(self, sample_ids) -> tuple[torch.Tensor, torch.Tensor]:
-        w = torch.from_numpy(np.stack([self.window(int(g)) for g in sample_ids]))
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+    batch = TokenWindows.batch  # (inputs, shifted targets) of the windows of these global samples
 
 
 def flatten(root: str, doc_len: int = 65536, rows: int = 256) -> None:

@@ -47,6 +47,7 @@ try:
 except ImportError:  # CPU-only installs without Triton use the reference
     triton = None
 
+from .documents import document_ids
 from .rotary import _chunk_table  # packed input: the same (document, block) table as the rotation kernel
 
 if triton is not None:
@@ -71,7 +72,7 @@ def log_weight_bias(Tq, Tk, *, log_decay=None, slopes=None, bias=None, cu_seqlen
         out = out + bias.to(dtype)
     allowed = j <= i
     if cu_seqlens is not None:
-        doc = torch.bucketize(torch.arange(Tk, device=device), cu_seqlens.to(device)[1:], right=True)
+        doc = document_ids(cu_seqlens.to(device), Tk)
         allowed = allowed & (doc[Tk - Tq:, None] == doc[None, :])
     return out.masked_fill(~allowed, float("-inf"))
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from .documents import per_document
+
 
 def _fla_ok(x: torch.Tensor) -> bool:
     return x.is_cuda
@@ -32,13 +34,6 @@ def _f32(*xs):
     """References accumulate in at least fp32 (the state sums over many tokens)."""
     dt = torch.promote_types(xs[0].dtype, torch.float32)
     return [None if x is None else x.to(dt) for x in xs]
-
-
-def _per_document(fn, cu_seqlens, *args):
-    """fn(*args) on each document of packed [1, T, ...] tensors (None and numbers pass through); outputs joined."""
-    b = cu_seqlens.tolist()
-    return torch.cat([fn(*(a[:, s:e] if torch.is_tensor(a) and a.dim() > 1 else a for a in args))[0]
-                      for s, e in zip(b[:-1], b[1:]) if e > s], 1), None
 
 
 def _state(q, v, S0):
@@ -92,7 +87,9 @@ def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None):
         return chunk_gla(q, k, v, g=g.float(), scale=scale, initial_state=S0, output_final_state=output_state,
                          cu_seqlens=cu_seqlens)
     if cu_seqlens is not None:
-        return _per_document(gated_chunked, cu_seqlens, q, k, v, g.expand(*q.shape[:3], g.shape[-1]), scale)
+        o = per_document(lambda *a: gated_chunked(*a)[0], cu_seqlens, q, k, v, g.expand(*q.shape[:3], g.shape[-1]),
+                         scale)
+        return o, None
     return gated_chunked(q, k, v, g, scale, S0)
 
 
@@ -151,7 +148,7 @@ def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seq
         return chunk_gated_delta_rule(q, k, v, g=g.float(), beta=beta, scale=scale, initial_state=S0,
                                       output_final_state=output_state, cu_seqlens=cu_seqlens)
     if cu_seqlens is not None:
-        return _per_document(delta_rule_chunked, cu_seqlens, q, k, v, beta, scale, g)
+        return per_document(lambda *a: delta_rule_chunked(*a)[0], cu_seqlens, q, k, v, beta, scale, g), None
     return delta_rule_chunked(q, k, v, beta, scale, g, S0)
 
 

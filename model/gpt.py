@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import varying_shapes
+from kernels.documents import per_document
 from kernels.linear_ce import linear_cross_entropy
 
-from .mixers.base import per_document, residual_linear
+from .mixers.base import residual_linear
 from .pe.sinusoidal import sinusoid_table
 
 
@@ -77,7 +78,7 @@ class Block(nn.Module):
         elif self.mixer.packed:  # its kernels take the document boundaries
             h = self.mixer(h, cu_seqlens=cu_seqlens)
         else:
-            h = per_document(self.mixer, h, cu_seqlens)
+            h = per_document(self.mixer, cu_seqlens, h)
         x = x + h
         return x + self.mlp(self.norm2(x)) if self.mlp is not None else x
 
@@ -132,7 +133,7 @@ class GPT(nn.Module):
             if cu_seqlens is None:
                 x = self.abs_pe(x, 0 if cache is None else cache.offset)
             else:  # positions restart at each document
-                x = per_document(lambda d: self.abs_pe(d, 0), x, cu_seqlens)
+                x = per_document(lambda d: self.abs_pe(d, 0), cu_seqlens, x)
         x = self.embed_norm(x)
         for i, block in enumerate(self.blocks):
             x = block(x, None if cache is None else cache.layers[i], cu_seqlens)

@@ -15,8 +15,9 @@ onto the constructor's keyword-only arguments.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
+
+from kernels.documents import document_positions
 
 REGISTRY: dict[str, type["Mixer"]] = {}
 
@@ -36,25 +37,12 @@ def residual_linear(d_in: int, d_out: int) -> nn.Linear:
     return lin
 
 
-def document_positions(cu_seqlens: torch.Tensor, n: int) -> torch.Tensor:
-    """The position of each of n packed tokens within its own document (0 at each cu_seqlens start)."""
-    t = torch.arange(n, device=cu_seqlens.device)
-    return t - cu_seqlens[torch.bucketize(t, cu_seqlens[1:], right=True)]
-
-
-def per_document(fn, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """fn applied to each document of packed x [1, N, ...] on its own: the definition of document boundaries, and
-    the path of mixers without a packed (cu_seqlens) kernel. Reads the boundaries on the host (a sync)."""
-    b = cu_seqlens.tolist()
-    return torch.cat([fn(x[:, s:e]) for s, e in zip(b[:-1], b[1:]) if e > s], 1)
-
-
 class Mixer(nn.Module):
     name: str = "?"
     pe_kinds: tuple[str, ...] = ("none",)
     softmax: bool = False  # scores go through a softmax (Selective RoPE then L2-normalises q for its angles)
     # the packed schemes this mixer's forward(x, cu_seqlens=...) handles itself (kernels take document boundaries);
-    # with any other scheme the trunk runs it per document (per_document)
+    # with any other scheme the trunk runs it per document (kernels.documents.per_document)
     packed_schemes: tuple[str, ...] = ()
 
     @property

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Mixer, per_document, register, residual_linear
+from .base import Mixer, register, residual_linear
 from .layers import ShortConv, gated_attention, up
 
 
@@ -41,10 +41,12 @@ class FoX(Mixer):
         with torch.no_grad():
             self.f_proj.bias.copy_(torch.linspace(1.0, 5.0, self.n_heads))
 
+    @property
+    def packed(self):  # the short convolution would reach across documents: run per document then
+        return self.conv is None and super().packed
+
     def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
-        if cu_seqlens is not None and self.conv is not None:  # the convolution would reach across documents
-            return per_document(self, x, cu_seqlens)
         qkv = self.qkv(x)
         if self.conv is not None:
             qkv = self.conv(qkv, cache)

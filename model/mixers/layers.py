@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import decayed_attention
+from kernels.documents import document_positions
 
 
 class ShortConv(nn.Module):
@@ -22,7 +23,6 @@ class ShortConv(nn.Module):
     def forward(self, x, cache: dict | None = None, key: str = "conv", cu_seqlens=None):
         B, T, D = x.shape
         if cu_seqlens is not None:  # packed documents: tap i (lag i) reaches back only inside the token's document
-            from .base import document_positions
             pos = document_positions(cu_seqlens, T)[None, :, None]
             w = self.weight.to(x.dtype)[:, 0]  # [D, K]; w[:, K - 1 - i] multiplies x_{t - i}
             y = sum(F.pad(x, (0, 0, i, 0))[:, :T] * (pos >= i) * w[:, self.kernel_size - 1 - i]
