@@ -1,5 +1,6 @@
 # make train [group=option ... key=value ...]   train (Hydra overrides pass through, e.g. make train pe=alibi)
 # make test                                     the test suite (what CI runs)
+# make bench [BENCH_ARGS="..."]                 the throughput suite on a GPU (README, Throughput)
 # Both create .venv on first use. On a machine without nvidia-smi the CPU build of torch is installed first, so pip
 # never pulls the multi-GB CUDA build; set TORCH_SPEC / TORCH_INDEX to choose another (see README, Install).
 PYTHON ?= python3
@@ -9,9 +10,9 @@ TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # command-line overrides such as pe=alibi or optim.lr=1e-3 go to train.py
-OVERRIDES := $(filter-out PYTHON=% VENV=% TORCH_SPEC=% TORCH_INDEX=% PYTEST_ARGS=%,$(MAKEOVERRIDES))
+OVERRIDES := $(filter-out PYTHON=% VENV=% TORCH_SPEC=% TORCH_INDEX=% PYTEST_ARGS=% BENCH_ARGS=%,$(MAKEOVERRIDES))
 
-.PHONY: train test env clean
+.PHONY: train test bench env clean
 env: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -30,6 +31,14 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# training steps of every backbone x scheme vs the nanoGPT reference, then the kernels, the attention kernel against
+# its peers, the rotation kernel: tables, JSON and plots in docs/throughput, docs/attention
+bench: $(STAMP)
+	$(PY) scripts/bench_train.py $(BENCH_ARGS)
+	$(PY) scripts/bench_kernels.py
+	$(PY) scripts/bench_attention.py --memory --out docs/attention
+	$(PY) scripts/bench_rotary.py --json docs/throughput/bench_rotary.json
 
 clean:
 	rm -rf outputs cache wandb .pytest_cache

@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from .attention import cumulative_log_decay
+
 
 def householder(x, w, beta):
     """(I - beta w w^T) x, batched over leading dims: x, w [..., D], beta [...]."""
@@ -62,5 +64,5 @@ def path_attention(q, k, v, w, beta, log_gate=None, scale=None):
         g = None if log_gate is None else (log_gate.float() / scale)
         o, _ = parallel_path_attn(q, k, v, w.float(), beta.float(), g, scale=scale)
         return o
-    c = None if log_gate is None else torch.cumsum(log_gate, 1)
+    c = None if log_gate is None else cumulative_log_decay(log_gate)
     return path_attention_reference(q, k, v, w, beta, c, scale)

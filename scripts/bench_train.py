@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import statistics
 import sys
 import time
@@ -111,7 +110,7 @@ def build(case: str, size: str, seq: int, vocab: int):
     return build_model(cfg.backbone, cfg.pe, cfg.model, vocab), cfg.optim
 
 
-def measure(case, size, seq, compiled, steps, warmup, device="cuda"):
+def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Path | None = None):
     model_name, tokens, vocab = SETTINGS[size]
     B = max(1, tokens // seq)
     torch._dynamo.reset()
@@ -140,6 +139,15 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda"):
             times.append((start, end))
     torch.cuda.synchronize()
     ms = statistics.median(s.elapsed_time(e) for s, e in times)
+    if profile is not None:  # 3 more steps under torch.profiler: the kernels by GPU time
+        from torch.profiler import ProfilerActivity
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(3):
+                train_lib.train_step(train_model, [(data[i, :, :-1], data[i, :, 1:])], 1, optimizer, scheduler,
+                                     autocast, 1.0)
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90)
+        profile.write_text(f"{case} {size}/{seq} compile={compiled}, 3 steps of {B} x {seq} tokens\n{table}")
     tps = B * seq / (ms / 1e3)
     peak = train_lib.peak_flops(torch.device(device))
     row = {"case": case, "size": size, "seq_len": seq, "batch": B, "compile": compiled, "ms": ms, "tokens_per_s": tps,
@@ -230,6 +238,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--loop", action="store_true", help="measure the training loop's overhead instead")
+    ap.add_argument("--profile", action="store_true", help="write each case's top kernels (torch.profiler) to --out")
     ap.add_argument("--out", default=str(ROOT / "docs" / "throughput"))
     ap.add_argument("--tag", default="", help="suffix of the output files")
     args = ap.parse_args()
@@ -253,7 +262,10 @@ def main():
         for compiled in {"on": [True], "off": [False], "both": [False, True]}[args.compile]:
             for case in args.cases:
                 try:
-                    r = measure(case, size, int(seq), compiled, args.steps, args.warmup)
+                    mode = "compiled" if compiled else "eager"
+                    prof = out / f"profile_{case.replace('+', '-')}_{size}_{seq}_{mode}.txt"  # '+' is not portable
+                    r = measure(case, size, int(seq), compiled, args.steps, args.warmup,
+                                profile=prof if args.profile else None)
                 except Exception as e:  # noqa: BLE001 -- one failing case (OOM, a kernel limit) must not end the run
                     r = {"case": case, "size": size, "seq_len": int(seq), "compile": compiled,
                          "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}

@@ -160,3 +160,13 @@ def test_bad_arguments_are_named():
                           cu_seqlens=torch.tensor([0, 8]))
     with pytest.raises(ValueError, match="impl='triton' needs"):
         decayed_attention(q.double(), q.double(), q.double(), power=2, impl="triton")
+
+
+def test_cumulative_log_decay_is_a_cumsum_over_time():
+    """c_t = sum_{s<=t} f_s along dim 1, for [B, T, H] and [B, T, H, K] gates, in fp32 at least (float64 kept)."""
+    from kernels.attention import cumulative_log_decay
+    torch.manual_seed(0)
+    for shape in ((2, 37, 3), (2, 37, 3, 4)):
+        f = torch.nn.functional.logsigmoid(torch.randn(*shape, dtype=torch.float64))
+        torch.testing.assert_close(cumulative_log_decay(f), torch.cumsum(f, 1), rtol=1e-12, atol=1e-12)
+        assert cumulative_log_decay(f.bfloat16()).dtype == torch.float32

@@ -63,3 +63,25 @@ def test_packed_documents_through_the_kernels(backbone, pe):
     for a, b in zip(gp, ga):
         if a is not None:
             torch.testing.assert_close(a, b, rtol=5e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_short_conv_kernel_matches_reference(packed):
+    """ShortConv on CUDA (FLA's causal_conv1d) == its reference on the CPU (float32), output and both gradients, with
+    and without document boundaries."""
+    from model.mixers.layers import ShortConv
+    torch.manual_seed(0)
+    conv = ShortConv(96)
+    x = torch.randn(1 if packed else 3, 77, 96, requires_grad=True)
+    cu = torch.tensor([0, 5, 40, 77], dtype=torch.int32) if packed else None
+    g = torch.randn(x.shape[0], 77, 96)
+    outs = []
+    for dev in ("cpu", "cuda"):
+        c = ShortConv(96).to(dev)
+        c.load_state_dict(conv.state_dict())
+        xd = x.detach().to(dev).requires_grad_()
+        y = c(xd, cu_seqlens=None if cu is None else cu.to(dev))
+        (y * g.to(dev)).sum().backward()
+        outs.append([t.detach().cpu() for t in (y, xd.grad, c.weight.grad)])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)

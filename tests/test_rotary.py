@@ -76,6 +76,36 @@ def test_rope_is_constant_increments():
             torch.testing.assert_close(ck.cpu(), rk, rtol=1e-5, atol=1e-5)
 
 
+def test_rope_table_is_the_closed_form():
+    """A bound RoPE reads cos/sin of t * theta from its float64 table up to the training context and computes them
+    past it; both equal rotate(x, t * theta) from float64 angles, values and gradients, on either side of the edge."""
+    from model.pe import Dims
+    from model.pe.rope import RoPE
+
+    class Mixer:
+        qk_head_dim = 8
+
+    torch.manual_seed(3)
+    pe = RoPE(Dims(24, 3, 8, 16)).double()
+    pe.bind(Mixer())
+    assert pe.cos.dtype == torch.float64 and pe.cos.shape == (16, 1, 4) and "cos" not in pe.state_dict()
+    theta = rope_frequencies(8)
+    for offset, T in ((0, 16), (5, 11), (10, 9), (20, 3)):  # inside, at the edge, across it, past it
+        q, k = (torch.randn(2, T, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        phi = torch.arange(offset, offset + T, dtype=torch.float64)[:, None, None] * theta
+        rq, rk = pe(q, k, offset=offset)
+        torch.testing.assert_close(rq, rotate(q, phi), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(rk, rotate(k, phi), rtol=1e-12, atol=1e-12)
+        g = torch.randn_like(rq)
+        got = torch.autograd.grad((rq * g).sum() + rk.sum(), (q, k))
+        want = torch.autograd.grad((rotate(q, phi) * g).sum() + rotate(k, phi).sum(), (q, k))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="head size 7 must be even"):
+        Mixer.qk_head_dim = 7
+        RoPE(Dims(21, 3, 7, 16)).bind(Mixer())
+
+
 CASES = [  # (B, T, H, D, increments, phi0)
     (2, 5, 2, 16, "full", False),        # shorter than one block
     (2, 77, 3, 16, "full", True),        # not a multiple of the block, continuing from a cached angle

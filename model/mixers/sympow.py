@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.attention import cumulative_log_decay
+
 from ..pe.base import ConfigError
 from .base import Mixer, register, residual_linear
 from .layers import gated_attention, up
@@ -48,7 +50,7 @@ def sympow_recurrent(q, k, v, log_gate=None, state=None):
     B, T, H, d = q.shape
     dt = torch.promote_types(q.dtype, torch.float32)
     fq, fk = (sympow_features(t.to(dt) * d ** -0.25) for t in (q, k))  # [B, T, H, D]
-    c = torch.zeros(B, T, H, dtype=dt, device=q.device) if log_gate is None else torch.cumsum(log_gate.to(dt), 1)
+    c = torch.zeros(B, T, H, dtype=dt, device=q.device) if log_gate is None else cumulative_log_decay(log_gate.to(dt))
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     ch = c.transpose(1, 2)  # [B, H, T]
     decay = torch.exp((ch[..., :, None] - ch[..., None, :]).masked_fill(~causal, -math.inf))  # b_ij

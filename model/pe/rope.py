@@ -1,11 +1,12 @@
 """RoPE (Su et al.): rotate q and k by angles phi_t = t * theta, theta_i = base^(-2i/d_head).
 
 A cumulative rotation with constant increments dphi_s = 1 and temperatures theta (kernels/rotary.py); the dual of
-the complex forget gate A_t = exp(i Omega) of a linear recurrence (seed 000, section 4)."""
+the complex forget gate A_t = exp(i Omega) of a linear recurrence (seed 000, section 4).
+"""
 
 import torch
 
-from kernels.rotary import rope_frequencies, rotate
+from kernels.rotary import rope_frequencies, rotate, rotate_cos_sin
 
 from .base import PositionalScheme, register
 
@@ -18,22 +19,36 @@ class RoPE(PositionalScheme):
         super().__init__(dims)
         self.base = base
 
+    def bind(self, mixer):
+        # cos and sin of phi_t for the training context, in float64 (exact for float64 models; cast per use), not
+        # saved in checkpoints. Positions past it (length extrapolation) are computed on the fly.
+        dim = mixer.qk_head_dim
+        self.frequencies(dim, "cpu")  # the head-size check, at build time
+        phi = torch.arange(self.dims.max_seq_len, dtype=torch.float64)[:, None] * rope_frequencies(dim, self.base)
+        self.register_buffer("cos", torch.cos(phi)[:, None, :], persistent=False)  # [T, 1, dim/2]
+        self.register_buffer("sin", torch.sin(phi)[:, None, :], persistent=False)
+
     def frequencies(self, dim: int, device) -> torch.Tensor:
         """theta [dim/2]. The rotated dimension is the mixer's q/k head size, which need not be d_model / n_heads
         (GLA halves it)."""
         if dim % 2:
             raise ValueError(f"pe={self.name} rotates channel pairs: the q/k head size {dim} must be even")
-        return rope_frequencies(dim, self.base).to(device=device, dtype=torch.float32)
+        return rope_frequencies(dim, self.base).to(device)
 
-    def angles(self, T: int, offset: int, dim: int, device, positions=None) -> torch.Tensor:
+    def angles(self, T: int, offset: int, dim: int, device, positions=None, dtype=torch.float32) -> torch.Tensor:
         """phi [T, 1, dim/2] for positions offset .. offset+T-1, or the given positions [T] (broadcasts over batch
         and heads)."""
         pos = torch.arange(offset, offset + T, device=device) if positions is None else positions
-        return (pos.float()[:, None] * self.frequencies(dim, device)[None, :])[:, None, :]
+        return (pos.to(dtype)[:, None] * self.frequencies(dim, device).to(dtype)[None, :])[:, None, :]
 
     def forward(self, q, k, *, offset: int = 0, x=None, cache=None, positions=None):
-        # The cumulative sum of constant increments has the closed form t * theta, which torch.compile fuses into
-        # the neighbouring ops; cumulative_rotation(q, k, None, theta, phi0=offset - 1) computes the same
-        # (tests/test_rotary.py), and is what a scheme with data-dependent increments uses.
-        phi = self.angles(q.shape[1], offset, q.shape[-1], q.device, positions)
+        # The cumulative sum of constant increments has the closed form t * theta; cumulative_rotation(q, k, None,
+        # theta, phi0=offset - 1) computes the same (tests/test_rotary.py), and is what a scheme with data-dependent
+        # increments uses.
+        T = q.shape[1]
+        table = getattr(self, "cos", None)
+        if positions is None and table is not None and table.dtype == torch.float64 and offset + T <= len(table):
+            cos, sin = self.cos[offset:offset + T], self.sin[offset:offset + T]
+            return rotate_cos_sin(q, cos, sin), rotate_cos_sin(k, cos, sin)
+        phi = self.angles(T, offset, q.shape[-1], q.device, positions, torch.promote_types(q.dtype, torch.float32))
         return rotate(q, phi), rotate(k, phi)
