@@ -505,8 +505,10 @@ def run(cfg) -> dict:
         skip_sync = lambda: _fsdp_no_sync(model)  # noqa: E731
     elif distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        # gradient_as_bucket_view: gradients live in the all-reduce buckets (no copy in, no second copy in memory)
-        train_model = DDP(train_model, device_ids=[local_rank] if use_cuda else None, gradient_as_bucket_view=True)
+        # gradient_as_bucket_view: gradients live in the all-reduce buckets (no copy in, no second copy in memory);
+        # no buffer broadcast before every forward: the model's buffers are constants (RoPE tables, ALiBi slopes)
+        train_model = DDP(train_model, device_ids=[local_rank] if use_cuda else None, gradient_as_bucket_view=True,
+                          broadcast_buffers=False)
         skip_sync = train_model.no_sync
     bf16 = t.dtype == "bf16" or (t.dtype == "auto" and use_cuda)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()

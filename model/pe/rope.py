@@ -23,17 +23,17 @@ class RoPE(PositionalScheme):
         # cos and sin of phi_t for the training context, in float64 (exact for float64 models; cast per use), not
         # saved in checkpoints. Positions past it (length extrapolation) are computed on the fly.
         dim = mixer.qk_head_dim
-        self.frequencies(dim, "cpu")  # the head-size check, at build time
-        phi = torch.arange(self.dims.max_seq_len, dtype=torch.float64)[:, None] * rope_frequencies(dim, self.base)
+        phi = torch.arange(self.dims.max_seq_len, dtype=torch.float64)[:, None] * self.frequencies(dim)
         self.register_buffer("cos", torch.cos(phi)[:, None, :], persistent=False)  # [T, 1, dim/2]
         self.register_buffer("sin", torch.sin(phi)[:, None, :], persistent=False)
 
-    def frequencies(self, dim: int, device) -> torch.Tensor:
+    def frequencies(self, dim: int, device=None) -> torch.Tensor:
         """theta [dim/2]. The rotated dimension is the mixer's q/k head size, which need not be d_model / n_heads
         (GLA halves it)."""
         if dim % 2:
             raise ValueError(f"pe={self.name} rotates channel pairs: the q/k head size {dim} must be even")
-        return rope_frequencies(dim, self.base).to(device)
+        theta = rope_frequencies(dim, self.base)  # float64, on the default device (meta when sizing a model)
+        return theta if device is None else theta.to(device)
 
     def angles(self, T: int, offset: int, dim: int, device, positions=None, dtype=torch.float32) -> torch.Tensor:
         """phi [T, 1, dim/2] for positions offset .. offset+T-1, or the given positions [T] (broadcasts over batch
