@@ -4,6 +4,7 @@
     python scripts/bench_train.py --settings 124m:1024 --cases transformer+rope --compile on
     python scripts/bench_train.py --settings 370m:16384 --compile on --cases transformer+rope gla+nope
     python scripts/bench_train.py --loop                            # the training loop's own cost, and a profile
+    python scripts/bench_train.py --cases ref transformer+rope --set model.fused_loss=true --tag _fused   # a lever
 
 A step is what train.py's loop runs (`train.train_step`): forward, backward, gradient clipping, fused AdamW, on one
 micro-batch of random tokens already on the GPU, bf16 autocast. Reported: ms per step (median of --steps after
@@ -102,15 +103,15 @@ def compose(overrides):
         return hydra_compose("config", overrides=list(overrides))
 
 
-def build(case: str, size: str, seq: int, vocab: int):
+def build(case: str, size: str, seq: int, vocab: int, overrides=()):
     if case == "ref":
         m = compose([f"model={size}"]).model
         return NanoGPT(vocab, m.n_layer, m.d_model, m.n_heads, seq), compose([]).optim
-    cfg = compose([*CASES[case], f"model={size}", f"model.seq_len={seq}"])
+    cfg = compose([*CASES[case], f"model={size}", f"model.seq_len={seq}", *overrides])
     return build_model(cfg.backbone, cfg.pe, cfg.model, vocab), cfg.optim
 
 
-def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Path | None = None):
+def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Path | None = None, overrides=()):
     model_name, tokens, vocab = SETTINGS[size]
     B = max(1, tokens // seq)
     torch._dynamo.reset()
@@ -118,7 +119,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
-    model, optim_cfg = build(case, model_name, seq, vocab)
+    model, optim_cfg = build(case, model_name, seq, vocab, overrides)
     model = model.to(device)
     optimizer = train_lib.make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -239,6 +240,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--loop", action="store_true", help="measure the training loop's overhead instead")
     ap.add_argument("--profile", action="store_true", help="write each case's top kernels (torch.profiler) to --out")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="Hydra overrides for every case but ref, e.g. model.fused_loss=true +backbone.short_conv=true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "throughput"))
     ap.add_argument("--tag", default="", help="suffix of the output files")
     args = ap.parse_args()
@@ -265,7 +268,7 @@ def main():
                     mode = "compiled" if compiled else "eager"
                     prof = out / f"profile_{case.replace('+', '-')}_{size}_{seq}_{mode}.txt"  # '+' is not portable
                     r = measure(case, size, int(seq), compiled, args.steps, args.warmup,
-                                profile=prof if args.profile else None)
+                                profile=prof if args.profile else None, overrides=args.set)
                 except Exception as e:  # noqa: BLE001 -- one failing case (OOM, a kernel limit) must not end the run
                     r = {"case": case, "size": size, "seq_len": int(seq), "compile": compiled,
                          "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}

@@ -29,3 +29,10 @@ def test_reference_is_gpt2_small():
     matmul = sum(p.numel() for n, p in ref.named_parameters() if n.startswith("blocks")) + 50304 * 768
     attention = 3 * sum(b.mixer.flops_per_token(1024) for b in gpt.blocks)
     assert ref.flops_per_token(1024) == 6 * matmul + attention
+
+
+def test_overrides_reach_every_case():
+    model, _ = bench_train.build("fox+nope", "tiny", 32, 128, ["model.fused_loss=true", "+backbone.short_conv=true"])
+    assert model.cfg.fused_loss and model.blocks[0].mixer.conv is not None
+    with pytest.raises(Exception, match="no_such_key"):
+        bench_train.build("transformer+rope", "tiny", 32, 128, ["model.no_such_key=1"])
