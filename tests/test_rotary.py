@@ -101,8 +101,8 @@ def test_rope_table_is_the_closed_form():
         want = torch.autograd.grad((rotate(q, phi) * g).sum() + rotate(k, phi).sum(), (q, k))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    Mixer.qk_head_dim = 7
     with pytest.raises(ValueError, match="head size 7 must be even"):
-        Mixer.qk_head_dim = 7
         RoPE(Dims(21, 3, 7, 16)).bind(Mixer())
 
 

@@ -22,10 +22,9 @@ class RoPE(PositionalScheme):
     def bind(self, mixer):
         # cos and sin of phi_t for the training context, in float64 (exact for float64 models; cast per use), not
         # saved in checkpoints. Positions past it (length extrapolation) are computed on the fly.
-        dim = mixer.qk_head_dim
-        phi = torch.arange(self.dims.max_seq_len, dtype=torch.float64)[:, None] * self.frequencies(dim)
-        self.register_buffer("cos", torch.cos(phi)[:, None, :], persistent=False)  # [T, 1, dim/2]
-        self.register_buffer("sin", torch.sin(phi)[:, None, :], persistent=False)
+        phi = self.angles(self.dims.max_seq_len, 0, mixer.qk_head_dim, None, dtype=torch.float64)  # [T, 1, dim/2]
+        self.register_buffer("cos", torch.cos(phi), persistent=False)
+        self.register_buffer("sin", torch.sin(phi), persistent=False)
 
     def frequencies(self, dim: int, device=None) -> torch.Tensor:
         """theta [dim/2]. The rotated dimension is the mixer's q/k head size, which need not be d_model / n_heads
@@ -37,7 +36,7 @@ class RoPE(PositionalScheme):
 
     def angles(self, T: int, offset: int, dim: int, device, positions=None, dtype=torch.float32) -> torch.Tensor:
         """phi [T, 1, dim/2] for positions offset .. offset+T-1, or the given positions [T] (broadcasts over batch
-        and heads)."""
+        and heads). device None: the default device."""
         pos = torch.arange(offset, offset + T, device=device) if positions is None else positions
         return (pos.to(dtype)[:, None] * self.frequencies(dim, device).to(dtype)[None, :])[:, None, :]
 
