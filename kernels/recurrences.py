@@ -140,11 +140,13 @@ def delta_rule_chunked(q, k, v, beta, scale, g=None, S0=None, chunk: int = 16):
 
 def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seqlens=None):
     if _fla_ok(q):
-        if g is None:
+        if g is None and q.dtype != torch.float32:
             from fla.ops.delta_rule import chunk_delta_rule
             return chunk_delta_rule(q, k, v, beta=beta, scale=scale, initial_state=S0, output_final_state=output_state,
                                     cu_seqlens=cu_seqlens)
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        if g is None:  # FLA 0.6's chunk_delta_rule refuses float32 (an fp32 run of DeltaNet): the gated one, g = 0
+            g = q.new_zeros(q.shape[:3])
         return chunk_gated_delta_rule(q, k, v, g=g.float(), beta=beta, scale=scale, initial_state=S0,
                                       output_final_state=output_state, cu_seqlens=cu_seqlens)
     if cu_seqlens is not None:

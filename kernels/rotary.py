@@ -346,4 +346,9 @@ def cumulative_rotation(q, k, dphi, theta, phi0=None, cu_seqlens=None, impl: str
         raise RuntimeError("cumulative_rotation: impl='triton' needs the triton package")
     if q.dtype == torch.float64:
         raise ValueError("cumulative_rotation: the Triton kernel takes fp32/bf16/fp16; use impl='torch' for float64")
-    return _CumulativeRotation.apply(q, k, dphi, theta, phi0, cu_seqlens)
+    return _triton_rotation(q, k, dphi, theta, phi0, cu_seqlens)
+
+
+@torch.compiler.disable  # Dynamo cannot trace into these kernels under Triton 3.7.1 (its kernel analysis fails and
+def _triton_rotation(*args):  # the compile with it): compiled models call them between two graphs, as FLA's
+    return _CumulativeRotation.apply(*args)

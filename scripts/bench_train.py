@@ -211,7 +211,9 @@ def plot(rows, path: Path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    groups = sorted({(r["size"], r["seq_len"]) for r in rows})
+    groups = sorted({(r["size"], r["seq_len"]) for r in rows if "error" not in r})
+    if not groups:  # every case failed: the table says why, there is nothing to draw
+        return
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.2 * len(groups)), squeeze=False)
     for ax, (size, seq) in zip(axes[:, 0], groups):
         sel = [r for r in rows if (r["size"], r["seq_len"]) == (size, seq) and "error" not in r]

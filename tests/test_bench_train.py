@@ -36,3 +36,11 @@ def test_overrides_reach_every_case():
     assert model.cfg.fused_loss and model.blocks[0].mixer.conv is not None
     with pytest.raises(Exception, match="no_such_key"):
         bench_train.build("transformer+rope", "tiny", 32, 128, ["model.no_such_key=1"])
+
+
+def test_outputs_of_a_run_whose_cases_all_failed(tmp_path):
+    rows = [{"case": "transformer+rope", "size": "124m", "seq_len": 1024, "compile": True,
+             "error": "OutOfMemoryError: CUDA out of memory"}]
+    assert "OutOfMemoryError" in bench_train.table(rows)
+    bench_train.plot(rows, tmp_path / "b.png")  # nothing to draw: no figure, no error
+    assert not (tmp_path / "b.png").exists()

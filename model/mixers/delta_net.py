@@ -5,7 +5,7 @@
     beta_t  = sigmoid(x W_beta)                         in (0, 1)   (x2 with allow_neg_eigval: (0, 2))
     a_t     = exp(-exp(A_log) softplus(x W_a + dt_bias))  Mamba2's scalar decay (gated_deltanet only)
     S_t     = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t / sqrt(D)
-    y       = W_o [RMSNorm(o_t) * silu(x W_g)]
+    y       = W_o [RMSNorm(o_t) * silu(x W_g)]          (W_q, W_k, W_v, W_beta, W_a, W_g: one matmul)
 
 The transition I - beta k k^T is a Householder-like matrix: its softmax dual is PaTH, and with the decay a_t,
 PaTH-FoX (seed 000, sections 5-6). The incremental form keeps S and the convolutions' last inputs.
@@ -33,30 +33,32 @@ class _DeltaNet(Mixer):
         self.dk = self.head_dim
         self.dv = int(self.head_dim * expand_v)
         H = n_heads
-        # q, k and v in one projection and one depthwise convolution (per channel, so the same as three): one
-        # matmul, one kernel launch and one gradient into x instead of three each
-        self.qkv = nn.Linear(d_model, H * (2 * self.dk + self.dv), bias=False)
-        self.conv = ShortConv(H * (2 * self.dk + self.dv), conv_size)
-        self.b_proj = nn.Linear(d_model, H, bias=False)
+        # every projection of x in one matmul, [q | k | v | beta | a (Gated DeltaNet) | output gate]: one gradient
+        # into x instead of five (summed outside the compiled graphs, which FLA's kernels split, they took 4% of a
+        # Gated DeltaNet step); q, k and v share one depthwise convolution (per channel, so the same as three)
+        self.sizes = [H * (2 * self.dk + self.dv), H, H if self.gated else 0, H * self.dv if output_gate else 0]
+        self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
+        self.conv = ShortConv(self.sizes[0], conv_size)
         self.beta_max = 2.0 if allow_neg_eigval else 1.0
-        self.decay = ScalarDecay(d_model, H) if self.gated else None
-        self.out = GatedOutput(d_model, H, self.dv, output_gate)
+        self.decay = ScalarDecay(H) if self.gated else None
+        self.out = GatedOutput(d_model, H, self.dv)
 
     def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
         H = self.n_heads
-        q, k, v = self.conv(self.qkv(x), cache, "conv", cu_seqlens).split([H * self.dk, H * self.dk, H * self.dv], -1)
+        qkv, b, a, gate = self.in_proj(x).split(self.sizes, -1)
+        q, k, v = self.conv(qkv, cache, "conv", cu_seqlens).split([H * self.dk, H * self.dk, H * self.dv], -1)
         q, k, v = l2norm(q.view(B, T, H, self.dk)), l2norm(k.view(B, T, H, self.dk)), v.view(B, T, H, self.dv)
-        beta = self.beta_max * torch.sigmoid(up(self.b_proj(x)))
-        g = self.log_gate(x)
+        beta = self.beta_max * torch.sigmoid(up(b))
+        g = self.decay(a) if self.gated else None
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), cache, offset,
                             cu_seqlens)
-        return self.out(o.to(x.dtype), x)
+        return self.out(o.to(x.dtype), gate if self.sizes[3] else None)
 
     def log_gate(self, x):
-        return self.decay(x) if self.gated else None
+        return self.decay(self.in_proj(x).split(self.sizes, -1)[2]) if self.gated else None
 
     def flops_per_token(self, seq_len):
         # S^T k, the rank-one update, S^T q (chunked WY kernels roughly double this; counted as the recurrence)

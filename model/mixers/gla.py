@@ -4,7 +4,7 @@
     v    = x W_v                         (value dim per head D_v = expand_v * d_model / H)
     g_t  = logsigmoid(x W_1 W_2 + b) / tau     low rank r, normaliser tau = 16: log alpha_t, in (-inf, 0)^{D_k}
     S_t  = diag(alpha_t) S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(D_k)          (kernels/recurrences.py)
-    y    = W_o [RMSNorm(o_t) * silu(x W_r)]
+    y    = W_o [RMSNorm(o_t) * silu(x W_r)]          (W_q, W_k, W_v, W_1, W_r: one matmul)
 
 Seen from softmax attention, prod_s diag(alpha_s) is FoX's forget gate made per channel (seed 000, section 3).
 A rotary scheme rotates q and k (GLA + RoPE / Selective RoPE). The incremental form keeps S (D_k x D_v per head).
@@ -32,30 +32,31 @@ class GLA(Mixer):
         self.dk, self.dv = int(d_model * expand_k) // n_heads, int(d_model * expand_v) // n_heads
         if self.dk < 1 or self.dv < 1:
             raise ValueError(f"gla: expand_k={expand_k}, expand_v={expand_v} leave no channels per head")
-        self.q_proj = nn.Linear(d_model, n_heads * self.dk, bias=False)
-        self.k_proj = nn.Linear(d_model, n_heads * self.dk, bias=False)
-        self.v_proj = nn.Linear(d_model, n_heads * self.dv, bias=False)
-        self.g_proj = nn.Sequential(nn.Linear(d_model, gate_low_rank, bias=False),
-                                    nn.Linear(gate_low_rank, n_heads * self.dk, bias=True))
+        H = n_heads
+        # every projection of x in one matmul, [q | k | v | W_1 (gate, low rank) | output gate]: one gradient into x
+        self.sizes = [H * self.dk, H * self.dk, H * self.dv, gate_low_rank, H * self.dv if output_gate else 0]
+        self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
+        self.g_up = nn.Linear(gate_low_rank, H * self.dk, bias=True)  # W_2, b
         self.gate_normalizer = gate_normalizer
-        self.out = GatedOutput(d_model, n_heads, self.dv, output_gate)
+        self.out = GatedOutput(d_model, H, self.dv)
 
     def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
         H = self.n_heads
-        q = self.q_proj(x).view(B, T, H, self.dk)
-        k = self.k_proj(x).view(B, T, H, self.dk)
-        v = self.v_proj(x).view(B, T, H, self.dv)
-        g = self.log_gate(x, per_channel=True)
+        q, k, v, g_low, gate = self.in_proj(x).split(self.sizes, -1)
+        q, k, v = q.view(B, T, H, self.dk), k.view(B, T, H, self.dk), v.view(B, T, H, self.dv)
+        g = self._log_gate(g_low)
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset, cu_seqlens)
-        return self.out(o.to(x.dtype), x)
+        return self.out(o.to(x.dtype), gate if self.sizes[4] else None)
 
-    def log_gate(self, x, per_channel: bool = False):
-        B, T, _ = x.shape
-        g = (F.logsigmoid(up(self.g_proj(x))) / self.gate_normalizer).view(B, T, self.n_heads, self.dk)
-        return g if per_channel else g.mean(-1)
+    def _log_gate(self, g_low):
+        B, T, _ = g_low.shape
+        return (F.logsigmoid(up(self.g_up(g_low))) / self.gate_normalizer).view(B, T, self.n_heads, self.dk)
+
+    def log_gate(self, x):
+        return self._log_gate(self.in_proj(x).split(self.sizes, -1)[3]).mean(-1)
 
     def flops_per_token(self, seq_len):
         # state update k v^T, decay, readout S^T q: ~ 3 x 2 H D_k D_v (chunked kernels add intra-chunk work)

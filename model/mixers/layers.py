@@ -48,21 +48,21 @@ class ShortConv(nn.Module):
 
 
 class GatedOutput(nn.Module):
-    """y = W_o [RMSNorm_head(o) * silu(W_g x)] (or without the gate): the output stage of GLA / Gated DeltaNet."""
+    """y = W_o [RMSNorm_head(o) * silu(gate)] (or without the gate): the output stage of GLA / Gated DeltaNet. The
+    gate's pre-activation x W_g comes from the mixer's input projection (one matmul for every projection of x)."""
 
-    def __init__(self, d_model: int, n_heads: int, head_v: int, gate: bool = True):
+    def __init__(self, d_model: int, n_heads: int, head_v: int):
         super().__init__()
         from .base import residual_linear
         self.n_heads, self.head_v = n_heads, head_v
         self.norm = nn.RMSNorm(head_v)
-        self.gate = nn.Linear(d_model, n_heads * head_v, bias=False) if gate else None
         self.o_proj = residual_linear(n_heads * head_v, d_model)
 
-    def forward(self, o, x):
+    def forward(self, o, gate=None):
         B, T = o.shape[:2]
         o = self.norm(o).reshape(B, T, self.n_heads * self.head_v)
-        if self.gate is not None:
-            o = o * F.silu(self.gate(x))
+        if gate is not None:
+            o = o * F.silu(gate)
         return self.o_proj(o)
 
 
@@ -76,12 +76,12 @@ def l2norm(x, eps: float = 1e-6):
 
 
 class ScalarDecay(nn.Module):
-    """Mamba2's scalar selective decay per head, in log space: log a_t = -exp(A_log) softplus(x W_a + dt_bias).
-    Init as Mamba2: A ~ U[1, 16], dt = softplus(dt_bias) ~ logU[1e-3, 1e-1]."""
+    """Mamba2's scalar selective decay per head, in log space: log a_t = -exp(A_log) softplus(a_t + dt_bias), with
+    a_t = x_t W_a from the mixer's input projection. Init as Mamba2: A ~ U[1, 16], dt = softplus(dt_bias) ~
+    logU[1e-3, 1e-1]."""
 
-    def __init__(self, d_model: int, n_heads: int):
+    def __init__(self, n_heads: int):
         super().__init__()
-        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
         self.A_log = nn.Parameter(torch.zeros(n_heads))
         self.dt_bias = nn.Parameter(torch.zeros(n_heads))
 
@@ -93,8 +93,8 @@ class ScalarDecay(nn.Module):
             dt = torch.exp(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
-    def forward(self, x):
-        return -torch.exp(up(self.A_log)) * F.softplus(up(self.a_proj(x)) + self.dt_bias)
+    def forward(self, a):
+        return -torch.exp(up(self.A_log)) * F.softplus(up(a) + self.dt_bias)
 
 
 def gated_attention(q, k, v, log_gate, cache: dict | None, offset: int, power: int | None = None, cu_seqlens=None):

@@ -4,7 +4,7 @@
     alpha_t = exp(logsigmoid(x W_1 W_2 + b) / tau)       per value channel (low rank, as GLA's key gate)
     beta_t  = sigmoid(x_t w_beta)
     S_t = (I - beta_t v_t v_t^T) diag(alpha_t) S_{t-1} + beta_t v_t k_t^T          (S: D_v x D_k)
-    o_t = S_t q_t / sqrt(D_k),   y = W_o [RMSNorm(o_t) * silu(x W_g)]
+    o_t = S_t q_t / sqrt(D_k),   y = W_o [RMSNorm(o_t) * silu(x W_g)]     (W_q, W_k, W_v, W_1, w_beta, W_g: one matmul)
 
 Unrolled, o_t = sum_j [prod_{s=j+1..t} (I - beta_s v_s v_s^T) diag(alpha_s)] v_j (k_j^T q_t): the transition acts on
 the values, where gated DeltaNet's acts between q and k (seed 001 eqs. 3-4). Kernel: FLA's chunk_gated_oja_rule.
@@ -29,30 +29,33 @@ class GatedOja(Mixer):
     def __init__(self, d_model, n_heads, pe=None, *, gate_low_rank: int = 16, gate_normalizer: float = 16.0,
                  output_gate: bool = True):
         super().__init__(d_model, n_heads, pe)
-        D = self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.g_proj = nn.Sequential(nn.Linear(d_model, gate_low_rank, bias=False),
-                                    nn.Linear(gate_low_rank, n_heads * D, bias=True))
-        self.b_proj = nn.Linear(d_model, n_heads, bias=False)
+        D, H = self.head_dim, n_heads
+        # every projection of x in one matmul: [q | k | v | W_1 (gate, low rank) | w_beta | output gate]
+        self.sizes = [3 * d_model, gate_low_rank, H, d_model if output_gate else 0]
+        self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
+        self.g_up = nn.Linear(gate_low_rank, H * D, bias=True)  # W_2, b
         self.gate_normalizer = gate_normalizer
-        self.out = GatedOutput(d_model, n_heads, D, output_gate)
+        self.out = GatedOutput(d_model, H, D)
 
     def forward(self, x, cache=None):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
+        qkv, g_low, b, gate = self.in_proj(x).split(self.sizes, -1)
+        q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
         v = l2norm(v)
-        gv = self.log_gate(x, per_channel=True)
-        beta = torch.sigmoid(up(self.b_proj(x)))
+        gv = self._log_gate(g_low)
+        beta = torch.sigmoid(up(b))
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
         o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), cache, offset)
-        return self.out(o.to(x.dtype), x)
+        return self.out(o.to(x.dtype), gate if self.sizes[3] else None)
 
-    def log_gate(self, x, per_channel: bool = False):
-        B, T, _ = x.shape
-        g = (F.logsigmoid(up(self.g_proj(x))) / self.gate_normalizer).view(B, T, self.n_heads, self.head_dim)
-        return g if per_channel else g.mean(-1)
+    def _log_gate(self, g_low):
+        B, T, _ = g_low.shape
+        return (F.logsigmoid(up(self.g_up(g_low))) / self.gate_normalizer).view(B, T, self.n_heads, self.head_dim)
+
+    def log_gate(self, x):
+        return self._log_gate(self.in_proj(x).split(self.sizes, -1)[1]).mean(-1)
 
     def flops_per_token(self, seq_len):
         return 6.0 * self.n_heads * self.head_dim ** 2

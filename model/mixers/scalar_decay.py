@@ -30,17 +30,24 @@ class _ScalarDecay(Mixer):
 
     def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
         super().__init__(d_model, n_heads, pe)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.out = GatedOutput(d_model, n_heads, self.head_dim, output_gate)
+        H = n_heads
+        # every projection of x in one matmul: [q | k | v | a (Mamba2) | output gate]
+        self.sizes = [3 * d_model, H if self.selective else 0, d_model if output_gate else 0]
+        self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
+        self.out = GatedOutput(d_model, H, self.head_dim)
 
     def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
-        g = self.log_gate(x)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
+        qkv, a, gate = self.in_proj(x).split(self.sizes, -1)
+        q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
+        g = self._log_gate(a, T)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), cache, offset, cu_seqlens)
-        return self.out(o.to(x.dtype), x)
+        return self.out(o.to(x.dtype), gate if self.sizes[2] else None)
+
+    def log_gate(self, x):
+        return self._log_gate(self.in_proj(x).split(self.sizes, -1)[1], x.shape[1])
 
     def flops_per_token(self, seq_len):
         return 6.0 * self.n_heads * self.head_dim ** 2
@@ -48,19 +55,23 @@ class _ScalarDecay(Mixer):
 
 @register("retnet")
 class RetNet(_ScalarDecay):
+    selective = False
+
     def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
         super().__init__(d_model, n_heads, pe, output_gate=output_gate)
         self.register_buffer("log_gamma", torch.log(retnet_gammas(n_heads)).float(), persistent=False)
 
-    def log_gate(self, x):
-        return self.log_gamma.to(x.device).expand(1, x.shape[1], -1)
+    def _log_gate(self, a, T):
+        return self.log_gamma.to(a.device).expand(1, T, -1)
 
 
 @register("mamba2")
 class Mamba2Decay(_ScalarDecay):
+    selective = True
+
     def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
         super().__init__(d_model, n_heads, pe, output_gate=output_gate)
-        self.decay = ScalarDecay(d_model, n_heads)
+        self.decay = ScalarDecay(n_heads)
 
-    def log_gate(self, x):
-        return self.decay(x)
+    def _log_gate(self, a, T):
+        return self.decay(a)
