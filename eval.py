@@ -49,11 +49,11 @@ def resolve_ckpt(path: str) -> Path:
 
 def load_model(path: str, device="cpu"):
     from data import Tokenizer
-    from train import load_checkpoint
+    from train import load_checkpoint, load_weights
     ckpt = load_checkpoint(resolve_ckpt(path))
     cfg = ckpt["config"]
     model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
-    model.load_state_dict(ckpt["model"])
+    load_weights(model, ckpt["model"], path)
     return model.to(device).eval(), Tokenizer.from_dict(ckpt["tokenizer"]), ckpt
 
 

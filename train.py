@@ -293,6 +293,20 @@ def load_checkpoint(path: Path) -> dict:
     return ckpt
 
 
+def load_weights(model, state: dict, path) -> None:
+    """A checkpoint's weights into the model built from its config. Parameters whose names or shapes differ (a
+    checkpoint written by another version of a mixer) are an error that lists them, before anything runs."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    reshaped = [f"{k} {tuple(state[k].shape)} -> {tuple(v.shape)}" for k, v in own.items()
+                if k in state and state[k].shape != v.shape]
+    if missing or unexpected or reshaped:
+        show = lambda xs: f"{xs[:4]}{f' and {len(xs) - 4} more' if len(xs) > 4 else ''}"  # noqa: E731
+        raise ConfigError(f"{path}: its weights do not fit this code's model (written by another version?): "
+                          f"missing {show(missing)}, unexpected {show(unexpected)}, other shapes {show(reshaped)}")
+    model.load_state_dict(state)
+
+
 def _sweep():
     """Hydra's config of this job when it is one job of a multirun sweep, else None."""
     try:
@@ -431,15 +445,16 @@ def run(cfg) -> dict:
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg)
 
     # resume decision first: a bad checkpoint must fail before data preparation
-    ckpt = None
+    ckpt = ckpt_path = None
     if str(cfg.resume) == "auto":
-        path = find_checkpoint(out_dir)
-        ckpt = load_checkpoint(path) if path else None
+        ckpt_path = find_checkpoint(out_dir)
+        ckpt = load_checkpoint(ckpt_path) if ckpt_path else None
     elif str(cfg.resume) == "never":
         if find_checkpoint(out_dir) is not None:
             raise ConfigError(f"{out_dir} already holds checkpoints and resume=never; use resume=auto or another out_dir")
     else:
-        ckpt = load_checkpoint(Path(str(cfg.resume)))
+        ckpt_path = Path(str(cfg.resume))
+        ckpt = load_checkpoint(ckpt_path)
     if ckpt is not None:
         check_resume_compatible(ckpt["config"], cfg)
 
@@ -480,7 +495,7 @@ def run(cfg) -> dict:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab).to(device)
     if ckpt is not None:  # into the whole model, before FSDP shards it
-        model.load_state_dict(ckpt["model"])
+        load_weights(model, ckpt["model"], ckpt_path)
     if fsdp:
         shard_model(model, device)
     optimizer = make_optimizer(model, cfg.optim, fused=use_cuda)

@@ -149,7 +149,16 @@ def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "pe=alibi")))
     with pytest.raises(ConfigError, match="resume=never"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "resume=never")))
-    (tmp_path / "checkpoints" / "step_0000002.pt").write_bytes(b"garbage")
+    path = tmp_path / "checkpoints" / "step_0000002.pt"
+    ck = torch.load(path, weights_only=False)  # as if written by an older version of the mixer
+    ck["model"]["blocks.0.mixer.q_proj.weight"] = ck["model"].pop("blocks.0.mixer.qkv.weight")
+    torch.save(ck, path)
+    for load in (lambda: train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4"))),
+                 lambda: eval_lib.load_model(str(tmp_path))):
+        with pytest.raises(ConfigError, match=r"do not fit.*missing \['blocks\.0\.mixer\.qkv\.weight'\], "
+                                              r"unexpected \['blocks\.0\.mixer\.q_proj\.weight'\]"):
+            load()
+    path.write_bytes(b"garbage")
     with pytest.raises(ConfigError, match="cannot read checkpoint"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4")))
 
