@@ -295,7 +295,7 @@ def load_checkpoint(path: Path) -> dict:
 
 def load_weights(model, state: dict, path) -> None:
     """A checkpoint's weights into the model built from its config. Parameters whose names or shapes differ (a
-    checkpoint written by another version of a mixer) are an error that lists them, before anything runs."""
+    checkpoint written by another version of a mixer) are an error that lists them."""
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     reshaped = [f"{k} {tuple(state[k].shape)} -> {tuple(v.shape)}" for k, v in own.items()

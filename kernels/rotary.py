@@ -349,6 +349,8 @@ def cumulative_rotation(q, k, dphi, theta, phi0=None, cu_seqlens=None, impl: str
     return _triton_rotation(q, k, dphi, theta, phi0, cu_seqlens)
 
 
-@torch.compiler.disable  # Dynamo cannot trace into these kernels under Triton 3.7.1 (its kernel analysis fails and
-def _triton_rotation(*args):  # the compile with it): compiled models call them between two graphs, as FLA's
+# Outside Dynamo: under Triton 3.7.1 its analysis of these kernels fails and takes the whole compile with it. A
+# compiled model calls them between two graphs, as it calls FLA's.
+@torch.compiler.disable
+def _triton_rotation(*args):
     return _CumulativeRotation.apply(*args)

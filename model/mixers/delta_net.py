@@ -34,8 +34,10 @@ class _DeltaNet(Mixer):
         self.dv = int(self.head_dim * expand_v)
         H = n_heads
         # every projection of x in one matmul, [q | k | v | beta | a (Gated DeltaNet) | output gate]: one gradient
-        # into x instead of five (summed outside the compiled graphs, which FLA's kernels split, they took 4% of a
-        # Gated DeltaNet step); q, k and v share one depthwise convolution (per channel, so the same as three)
+        # into x instead of five (FLA's kernels split a compiled model into graphs, and summing the five between
+        # them took 4% of a Gated DeltaNet step); q, k and v share one depthwise convolution (per channel, so the
+        # same as three)
+        self.output_gate = output_gate
         self.sizes = [H * (2 * self.dk + self.dv), H, H if self.gated else 0, H * self.dv if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
         self.conv = ShortConv(self.sizes[0], conv_size)
@@ -55,7 +57,7 @@ class _DeltaNet(Mixer):
         q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), cache, offset,
                             cu_seqlens)
-        return self.out(o.to(x.dtype), gate if self.sizes[3] else None)
+        return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def log_gate(self, x):
         return self.decay(self.in_proj(x).split(self.sizes, -1)[2]) if self.gated else None

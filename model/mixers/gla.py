@@ -34,6 +34,7 @@ class GLA(Mixer):
             raise ValueError(f"gla: expand_k={expand_k}, expand_v={expand_v} leave no channels per head")
         H = n_heads
         # every projection of x in one matmul, [q | k | v | W_1 (gate, low rank) | output gate]: one gradient into x
+        self.output_gate = output_gate
         self.sizes = [H * self.dk, H * self.dk, H * self.dv, gate_low_rank, H * self.dv if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
         self.g_up = nn.Linear(gate_low_rank, H * self.dk, bias=True)  # W_2, b
@@ -49,7 +50,7 @@ class GLA(Mixer):
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset, cu_seqlens)
-        return self.out(o.to(x.dtype), gate if self.sizes[4] else None)
+        return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def _log_gate(self, g_low):
         B, T, _ = g_low.shape

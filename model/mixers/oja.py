@@ -31,6 +31,7 @@ class GatedOja(Mixer):
         super().__init__(d_model, n_heads, pe)
         D, H = self.head_dim, n_heads
         # every projection of x in one matmul: [q | k | v | W_1 (gate, low rank) | w_beta | output gate]
+        self.output_gate = output_gate
         self.sizes = [3 * d_model, gate_low_rank, H, d_model if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
         self.g_up = nn.Linear(gate_low_rank, H * D, bias=True)  # W_2, b
@@ -48,7 +49,7 @@ class GatedOja(Mixer):
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
         o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), cache, offset)
-        return self.out(o.to(x.dtype), gate if self.sizes[3] else None)
+        return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def _log_gate(self, g_low):
         B, T, _ = g_low.shape

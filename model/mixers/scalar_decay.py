@@ -32,6 +32,7 @@ class _ScalarDecay(Mixer):
         super().__init__(d_model, n_heads, pe)
         H = n_heads
         # every projection of x in one matmul: [q | k | v | a (Mamba2) | output gate]
+        self.output_gate = output_gate
         self.sizes = [3 * d_model, H if self.selective else 0, d_model if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
         self.out = GatedOutput(d_model, H, self.head_dim)
@@ -44,7 +45,7 @@ class _ScalarDecay(Mixer):
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), cache, offset, cu_seqlens)
-        return self.out(o.to(x.dtype), gate if self.sizes[2] else None)
+        return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def log_gate(self, x):
         return self._log_gate(self.in_proj(x).split(self.sizes, -1)[1], x.shape[1])
