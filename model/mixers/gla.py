@@ -12,13 +12,12 @@ A rotary scheme rotates q and k (GLA + RoPE / Selective RoPE). The incremental f
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.recurrences import gated, gated_recurrent
 
 from .base import Mixer, register
-from .layers import GatedOutput, up
+from .layers import GatedOutput, LowRankGate
 
 
 @register("gla")
@@ -37,8 +36,7 @@ class GLA(Mixer):
         self.output_gate = output_gate
         self.sizes = [H * self.dk, H * self.dk, H * self.dv, gate_low_rank, H * self.dv if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
-        self.g_up = nn.Linear(gate_low_rank, H * self.dk, bias=True)  # W_2, b
-        self.gate_normalizer = gate_normalizer
+        self.g_up = LowRankGate(gate_low_rank, H, self.dk, gate_normalizer)  # W_2, b
         self.out = GatedOutput(d_model, H, self.dv)
 
     def forward(self, x, cache=None, cu_seqlens=None):
@@ -46,18 +44,14 @@ class GLA(Mixer):
         H = self.n_heads
         q, k, v, g_low, gate = self.in_proj(x).split(self.sizes, -1)
         q, k, v = q.view(B, T, H, self.dk), k.view(B, T, H, self.dk), v.view(B, T, H, self.dv)
-        g = self._log_gate(g_low)
+        g = self.g_up(g_low)
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset, cu_seqlens)
         return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
-    def _log_gate(self, g_low):
-        B, T, _ = g_low.shape
-        return (F.logsigmoid(up(self.g_up(g_low))) / self.gate_normalizer).view(B, T, self.n_heads, self.dk)
-
     def log_gate(self, x):
-        return self._log_gate(self.in_proj(x).split(self.sizes, -1)[3]).mean(-1)
+        return self.g_up(self.in_proj(x).split(self.sizes, -1)[3]).mean(-1)
 
     def flops_per_token(self, seq_len):
         # state update k v^T, decay, readout S^T q: ~ 3 x 2 H D_k D_v (chunked kernels add intra-chunk work)

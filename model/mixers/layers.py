@@ -66,6 +66,20 @@ class GatedOutput(nn.Module):
         return self.o_proj(o)
 
 
+class LowRankGate(nn.Linear):
+    """A per-channel log forget gate from a low-rank projection (GLA; gated Oja on the value side):
+    log alpha_t = logsigmoid(x_t W_1 W_2 + b) / tau, [B, T, H, D]. x W_1 comes from the mixer's input projection;
+    this module is W_2 and b."""
+
+    def __init__(self, rank: int, n_heads: int, head_dim: int, normalizer: float):
+        super().__init__(rank, n_heads * head_dim, bias=True)
+        self.n_heads, self.head_dim, self.normalizer = n_heads, head_dim, normalizer
+
+    def forward(self, g_low):
+        B, T, _ = g_low.shape
+        return (F.logsigmoid(up(super().forward(g_low))) / self.normalizer).view(B, T, self.n_heads, self.head_dim)
+
+
 def up(x):
     """At least fp32 (gates and decays are summed over many tokens), float64 stays float64."""
     return x.to(torch.promote_types(x.dtype, torch.float32))

@@ -13,13 +13,12 @@ the values, where gated DeltaNet's acts between q and k (seed 001 eqs. 3-4). Ker
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.recurrences import oja, oja_recurrent
 
 from .base import Mixer, register
-from .layers import GatedOutput, l2norm, up
+from .layers import GatedOutput, LowRankGate, l2norm, up
 
 
 @register("gated_oja")
@@ -34,8 +33,7 @@ class GatedOja(Mixer):
         self.output_gate = output_gate
         self.sizes = [3 * d_model, gate_low_rank, H, d_model if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
-        self.g_up = nn.Linear(gate_low_rank, H * D, bias=True)  # W_2, b
-        self.gate_normalizer = gate_normalizer
+        self.g_up = LowRankGate(gate_low_rank, H, D, gate_normalizer)  # W_2, b
         self.out = GatedOutput(d_model, H, D)
 
     def forward(self, x, cache=None):
@@ -44,19 +42,15 @@ class GatedOja(Mixer):
         qkv, g_low, b, gate = self.in_proj(x).split(self.sizes, -1)
         q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
         v = l2norm(v)
-        gv = self._log_gate(g_low)
+        gv = self.g_up(g_low)
         beta = torch.sigmoid(up(b))
         offset = 0 if cache is None else cache.get("offset", 0)
         q, k = self.rotate_qk(q, k, x, cache, offset)
         o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), cache, offset)
         return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
-    def _log_gate(self, g_low):
-        B, T, _ = g_low.shape
-        return (F.logsigmoid(up(self.g_up(g_low))) / self.gate_normalizer).view(B, T, self.n_heads, self.head_dim)
-
     def log_gate(self, x):
-        return self._log_gate(self.in_proj(x).split(self.sizes, -1)[1]).mean(-1)
+        return self.g_up(self.in_proj(x).split(self.sizes, -1)[1]).mean(-1)
 
     def flops_per_token(self, seq_len):
         return 6.0 * self.n_heads * self.head_dim ** 2
