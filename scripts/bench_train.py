@@ -5,6 +5,9 @@
     python scripts/bench_train.py --settings 370m:16384 --compile on --cases transformer+rope gla+nope
     python scripts/bench_train.py --loop                            # the training loop's own cost, and a profile
     python scripts/bench_train.py --cases ref transformer+rope --set model.fused_loss=true --tag _fused   # a lever
+    python scripts/bench_train.py --resume          # go on from the rows of a run cut short (its .partial.json)
+    python scripts/bench_train.py --merge docs/throughput/bench_train_370m.json docs/throughput/bench_train.json \
+        --run I --note "what changed"             # add a run to a history of runs, and redraw its table and plot
 
 A step is what train.py's loop runs (`train.train_step`): forward, backward, gradient clipping, fused AdamW, on one
 micro-batch of random tokens already on the GPU, bf16 autocast. Reported: ms per step (median of --steps after
@@ -17,7 +20,9 @@ settings, the same code at that shape. --loop trains the 124m transformer with t
 and compares its logged tokens/s with bare steps of the same model and batch; it also writes a torch.profiler table.
 
 Output: --out/bench_train.{md,json,png} (one row per case x setting x compile; ratios to the reference and to the
-transformer + RoPE of the same setting).
+transformer + RoPE of the same setting). Every finished case is also written to bench_train.partial.json at once, so a
+run that is stopped (a time limit, a lost machine) resumes with --resume where it stopped; Triton's autotuning results
+stay in its disk cache (kernels/__init__.py), so a resumed run on the same machine does not tune again.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -193,17 +199,17 @@ def loop_overhead(out: Path, steps: int):
 
 
 def table(rows) -> str:
-    lines = ["| setting | case | compile | ms/step | tokens/s | MFU | × ref | × transformer+rope | peak GiB |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    runs = any("run" in r for r in rows)  # a history of several runs (--merge) names each row's run
+    lines = ["| run " * runs + "| setting | case | compile | ms/step | tokens/s | MFU | × ref | × transformer+rope | "
+             "peak GiB |", "|---" * runs + "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        head = (f"| {r['run']} " if runs else "") + f"| {r['size']}/{r['seq_len']} | {r['case']} | {'on' if r['compile'] else 'off'} | "
         if "error" in r:
-            lines.append(f"| {r['size']}/{r['seq_len']} | {r['case']} | {'on' if r['compile'] else 'off'} | "
-                         f"{r['error']} | | | | | |")
+            lines.append(head + f"{r['error']} | | | | | |")
             continue
         f = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
-        lines.append(f"| {r['size']}/{r['seq_len']} | {r['case']} | {'on' if r['compile'] else 'off'} | "
-                     f"{r['ms']:.1f} | {r['tokens_per_s']:,.0f} | {f(r['mfu'], '.3f')} | {f(r.get('x_ref'), '.2f')} | "
-                     f"{f(r.get('x_base'), '.2f')} | {r['peak_mem_gib']:.1f} |")
+        lines.append(head + f"{r['ms']:.1f} | {r['tokens_per_s']:,.0f} | {f(r['mfu'], '.3f')} | {f(r.get('x_ref'), '.2f')} | "
+                            f"{f(r.get('x_base'), '.2f')} | {r['peak_mem_gib']:.1f} |")
     return "\n".join(lines)
 
 
@@ -233,6 +239,31 @@ def plot(rows, path: Path):
     fig.savefig(path, dpi=110)
 
 
+def key(r):
+    return r["case"], r["size"], r["seq_len"], r["compile"]
+
+
+def merge(history: Path, run_json: Path, run_id: str, note: str):
+    """Append the rows of one run (bench_train's JSON) to a history of runs as run `run_id`, then rewrite the
+    history's markdown (every row, with its run) and plot (each case's latest row)."""
+    hist = json.loads(history.read_text()) if history.exists() else {"runs": {}, "rows": []}
+    run = json.loads(run_json.read_text())
+    if run_id in hist["runs"]:
+        sys.exit(f"{history} already has a run {run_id!r}; its runs: {', '.join(hist['runs'])}")
+    hist["runs"][run_id] = {"command": run["command"], "note": f"{run['date']}, {note}" if note else run["date"]}
+    hist["rows"] += [{**r, "run": run_id} for r in run["rows"]]
+    for k in ("device", "torch"):
+        hist[k] = hist.get(k) or run[k]
+    history.write_text(json.dumps(hist, indent=1))
+    runs = "\n".join(f"- run {i}: `{v['command']}` — {v['note']}" for i, v in hist["runs"].items())
+    history.with_suffix(".md").write_text(
+        f"{hist['device']}, torch {hist['torch']}, bf16; {len(hist['runs'])} runs, each with its own transformer + "
+        "RoPE (the baseline of its `× transformer+rope` column) and `× ref` where the run had the reference:\n\n"
+        f"{runs}\n\nThe PNG beside this file draws each case's latest row.\n\n{table(hist['rows'])}\n")
+    latest = {key(r): r for r in hist["rows"]}  # later runs replace earlier rows of the same case
+    plot(list(latest.values()), history.with_suffix(".png"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", nargs="+", default=["124m:1024", "370m:4096"], help="size:context")
@@ -246,7 +277,17 @@ def main():
                     help="Hydra overrides for every case but ref, e.g. model.fused_loss=true +backbone.short_conv=true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "throughput"))
     ap.add_argument("--tag", default="", help="suffix of the output files")
+    ap.add_argument("--resume", action="store_true", help="keep the rows of bench_train{tag}.partial.json in --out "
+                    "(a run cut short) and measure only the cases it lacks")
+    ap.add_argument("--merge", nargs=2, metavar=("HISTORY", "RUN"), type=Path,
+                    help="add RUN (a bench_train JSON) to HISTORY (JSON of several runs) and redraw its md/png")
+    ap.add_argument("--run", help="--merge: the new run's name (A, B, ...)")
+    ap.add_argument("--note", default="", help="--merge: what the run measured (code, Triton version, ...)")
     args = ap.parse_args()
+    if args.merge:
+        if not args.run:
+            sys.exit("--merge needs --run NAME")
+        return merge(*args.merge, args.run, args.note)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
@@ -261,11 +302,17 @@ def main():
     unknown = [c for c in args.cases if c != "ref" and c not in CASES]
     if unknown:
         sys.exit(f"unknown case(s) {unknown}; valid: ref, {', '.join(CASES)}")
-    rows = []
+    partial = out / f"bench_train{args.tag}.partial.json"
+    rows = json.loads(partial.read_text()) if args.resume and partial.exists() else []
+    done = {key(r) for r in rows}
+    if rows:
+        print(f"resuming: {len(rows)} rows from {partial}", flush=True)
     for setting in args.settings:
         size, seq = setting.split(":")
         for compiled in {"on": [True], "off": [False], "both": [False, True]}[args.compile]:
             for case in args.cases:
+                if (case, size, int(seq), compiled) in done:
+                    continue
                 try:
                     mode = "compiled" if compiled else "eager"
                     prof = out / f"profile_{case.replace('+', '-')}_{size}_{seq}_{mode}.txt"  # '+' is not portable
@@ -277,15 +324,16 @@ def main():
                     torch.cuda.empty_cache()
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-                (out / f"bench_train{args.tag}.partial.json").write_text(json.dumps(rows, indent=1))
-    ok = {(o["case"], o["size"], o["seq_len"], o["compile"]): o for o in rows if "error" not in o}
+                partial.with_suffix(".tmp").write_text(json.dumps(rows, indent=1))  # atomic: a kill mid-write
+                os.replace(partial.with_suffix(".tmp"), partial)                  # keeps the last whole file
+    ok = {key(o): o for o in rows if "error" not in o}
     for r in rows:
         if "error" not in r:
             ref, base = (ok.get((c, r["size"], r["seq_len"], r["compile"])) for c in ("ref", "transformer+rope"))
             r["x_ref"] = r["tokens_per_s"] / ref["tokens_per_s"] if ref else None
             r["x_base"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
     (out / f"bench_train{args.tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    (out / f"bench_train{args.tag}.partial.json").unlink(missing_ok=True)  # rows so far, for a run cut short
+    partial.unlink(missing_ok=True)  # rows so far, for a run cut short
     md = f"{meta['device']}, {meta['date']}, torch {meta['torch']}: `{meta['command']}`\n\n" + table(rows) + "\n"
     (out / f"bench_train{args.tag}.md").write_text(md)
     plot(rows, out / f"bench_train{args.tag}.png")

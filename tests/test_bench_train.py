@@ -1,5 +1,6 @@
 """scripts/bench_train.py: every case it names is a valid configuration, and its reference is the GPT-2 it claims."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -44,3 +45,43 @@ def test_outputs_of_a_run_whose_cases_all_failed(tmp_path):
     assert "OutOfMemoryError" in bench_train.table(rows)
     bench_train.plot(rows, tmp_path / "b.png")  # nothing to draw: no figure, no error
     assert not (tmp_path / "b.png").exists()
+
+
+def _row(case, ms, size="124m", seq=1024):
+    return {"case": case, "size": size, "seq_len": seq, "batch": 32, "compile": True, "ms": ms,
+            "tokens_per_s": 32 * seq / ms * 1e3, "mfu": None, "peak_mem_gib": 1.0, "first_step_s": 1.0, "loss": 1.0}
+
+
+def test_resume_measures_only_what_the_cut_run_lacks(tmp_path, monkeypatch):
+    # the cut run finished ref; its partial file keeps that row, and the resumed run measures only the rest
+    (tmp_path / "bench_train_x.partial.json").write_text(json.dumps([_row("ref", 60.0)]))
+    measured = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "test GPU")
+    monkeypatch.setattr(bench_train, "measure", lambda case, *a, **k: measured.append(case) or _row(case, 80.0))
+    monkeypatch.setattr(sys, "argv", ["bench_train.py", "--settings", "124m:1024", "--cases", "ref",
+                                      "transformer+rope", "--compile", "on", "--out", str(tmp_path), "--tag", "_x",
+                                      "--resume"])
+    bench_train.main()
+    assert measured == ["transformer+rope"]
+    rows = json.loads((tmp_path / "bench_train_x.json").read_text())["rows"]
+    assert [r["case"] for r in rows] == ["ref", "transformer+rope"]
+    assert rows[1]["x_ref"] == pytest.approx(60.0 / 80.0)  # ratios span the kept and the new rows
+    assert not (tmp_path / "bench_train_x.partial.json").exists()
+
+
+def test_merge_appends_a_run_to_a_history(tmp_path):
+    meta = {"date": "2026-11-23", "device": "test GPU", "torch": "2.11"}
+    for name, rows in (("a.json", [_row("transformer+rope", 70.0), _row("gla+nope", 100.0)]),
+                       ("b.json", [_row("gla+nope", 90.0)])):
+        (tmp_path / name).write_text(json.dumps({**meta, "command": f"bench {name}", "rows": rows}))
+    hist = tmp_path / "hist.json"
+    bench_train.merge(hist, tmp_path / "a.json", "A", "first")
+    bench_train.merge(hist, tmp_path / "b.json", "B", "")
+    md = (tmp_path / "hist.md").read_text()
+    assert "- run A: `bench a.json` — 2026-11-23, first" in md and "- run B: `bench b.json` — 2026-11-23" in md
+    assert [line.split(" | ")[0] for line in md.splitlines() if line.startswith("| A") or line.startswith("| B")] == \
+        ["| A", "| A", "| B"]
+    assert (tmp_path / "hist.png").exists()
+    with pytest.raises(SystemExit, match="already has a run 'B'"):
+        bench_train.merge(hist, tmp_path / "b.json", "B", "")
