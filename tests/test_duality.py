@@ -7,7 +7,6 @@ import torch
 
 from kernels.attention import decayed_attention, decayed_attention_reference
 from kernels.rotary import cumulative_angles, rope_frequencies, rotate
-from model.mixers.linear_attention import linear_attention_parallel, linear_attention_recurrent
 from model.pe import Dims
 from model.pe.alibi import ALiBi, alibi_slopes
 from model.pe.rope import RoPE
@@ -89,15 +88,6 @@ def test_alibi_equals_explicit_linear_bias():
     assert alibi_slopes(8)[0] == 0.5 and alibi_slopes(8)[-1] == 2 ** -8
 
 
-def test_linear_attention_parallel_equals_recurrent():
-    q, k, v = qkv()
-    S0 = torch.randn(2, 3, 8, 8)
-    o1, S1 = linear_attention_parallel(q, k, v, S0)
-    o2, S2 = linear_attention_recurrent(q, k, v, S0)
-    torch.testing.assert_close(o1, o2)
-    torch.testing.assert_close(S1, S2)
-
-
 def test_linear_attention_with_rope_is_complex_gated_recurrence():
     """Seed 000 section 4: RoPE on q, k of linear attention == S_t = S_{t-1} e^{i Omega} + v_t k~_t^H,
     o_t = Re(S_t q~_t), with q~ = q1 + i q2 and k~ = k1 + i k2 (here with the conjugate on the query side,
@@ -106,7 +96,7 @@ def test_linear_attention_with_rope_is_complex_gated_recurrence():
     q, k, v = qkv(B, T, H, D)
     rope = RoPE(Dims(8, 1, D, 64))
     rq, rk = rope(q.float(), k.float())
-    o_rope, _ = linear_attention_recurrent(rq.double(), rk.double(), v)
+    o_rope, _ = gated_recurrent(rq.double(), rk.double(), v, torch.zeros(B, T, H, 1, dtype=torch.float64), 1.0)
     omega = rope_frequencies(D).to(torch.complex128)
     qc, kc = torch.complex(q[..., :4], q[..., 4:]), torch.complex(k[..., :4], k[..., 4:])
     S = torch.zeros(B, H, D, D // 2, dtype=torch.complex128)
