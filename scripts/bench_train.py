@@ -8,6 +8,7 @@
     python scripts/bench_train.py --resume          # go on from the rows of a run cut short (its .partial.json)
     python scripts/bench_train.py --merge docs/throughput/bench_train_370m.json docs/throughput/bench_train.json \
         --run I --note "what changed"             # add a run to a history of runs, and redraw its table and plot
+    python scripts/bench_train.py --summary docs/throughput/bench_train_{124m,370m}.json   # the README's table
 
 A step is what train.py's loop runs (`train.train_step`): forward, backward, gradient clipping, fused AdamW, on one
 micro-batch of random tokens already on the GPU, bf16 autocast. Reported: ms per step (median of --steps after
@@ -203,13 +204,14 @@ def table(rows) -> str:
     lines = ["| run " * runs + "| setting | case | compile | ms/step | tokens/s | MFU | × ref | × transformer+rope | "
              "peak GiB |", "|---" * runs + "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        head = (f"| {r['run']} " if runs else "") + f"| {r['size']}/{r['seq_len']} | {r['case']} | {'on' if r['compile'] else 'off'} | "
+        head = (f"| {r['run']} " if runs else "") + \
+            f"| {r['size']}/{r['seq_len']} | {r['case']} | {'on' if r['compile'] else 'off'} | "
         if "error" in r:
             lines.append(head + f"{r['error']} | | | | | |")
             continue
         f = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
-        lines.append(head + f"{r['ms']:.1f} | {r['tokens_per_s']:,.0f} | {f(r['mfu'], '.3f')} | {f(r.get('x_ref'), '.2f')} | "
-                            f"{f(r.get('x_base'), '.2f')} | {r['peak_mem_gib']:.1f} |")
+        lines.append(head + f"{r['ms']:.1f} | {r['tokens_per_s']:,.0f} | {f(r['mfu'], '.3f')} | "
+                            f"{f(r.get('x_ref'), '.2f')} | {f(r.get('x_base'), '.2f')} | {r['peak_mem_gib']:.1f} |")
     return "\n".join(lines)
 
 
@@ -229,8 +231,14 @@ def plot(rows, path: Path):
         for j, comp in enumerate(modes):
             vals = [next((r["tokens_per_s"] / 1e3 for r in sel if r["case"] == n and r["compile"] == comp), 0)
                     for n in names]
-            ax.bar([i + (j - (len(modes) - 1) / 2) * w for i in range(len(names))], vals, w,
-                   label="torch.compile" if comp else "eager")
+            xs = [i + (j - (len(modes) - 1) / 2) * w for i in range(len(names))]
+            ax.bar(xs, vals, w, label="torch.compile" if comp else "eager")
+            for x, n in zip(xs, names):  # a case that failed in this mode (out of memory, ...) says so
+                err = next((r["error"] for r in rows if (r["case"], r["size"], r["seq_len"], r["compile"]) ==
+                            (n, size, seq, comp) and "error" in r), None)
+                if err:
+                    ax.text(x, 2, err.split(":")[0].replace("OutOfMemoryError", "out of memory"), rotation=90,
+                            ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("k tokens/s")
         ax.set_title(f"{size}, context {seq}", fontsize=10)
@@ -252,16 +260,43 @@ def merge(history: Path, run_json: Path, run_id: str, note: str):
         sys.exit(f"{history} already has a run {run_id!r}; its runs: {', '.join(hist['runs'])}")
     hist["runs"][run_id] = {"command": run["command"], "note": f"{run['date']}, {note}" if note else run["date"]}
     hist["rows"] += [{**r, "run": run_id} for r in run["rows"]]
-    for k in ("device", "torch"):
+    for k in ("device", "torch", "date"):
         hist[k] = hist.get(k) or run[k]
     history.write_text(json.dumps(hist, indent=1))
     runs = "\n".join(f"- run {i}: `{v['command']}` — {v['note']}" for i, v in hist["runs"].items())
     history.with_suffix(".md").write_text(
-        f"{hist['device']}, torch {hist['torch']}, bf16; {len(hist['runs'])} runs, each with its own transformer + "
-        "RoPE (the baseline of its `× transformer+rope` column) and `× ref` where the run had the reference:\n\n"
+        f"{hist['device']}, {hist['date']}, torch {hist['torch']}, bf16; {len(hist['runs'])} runs, each with its own "
+        "transformer + RoPE (the baseline of its `× transformer+rope` column) and `× ref` where the run had the "
+        "reference:\n\n"
         f"{runs}\n\nThe PNG beside this file draws each case's latest row.\n\n{table(hist['rows'])}\n")
     latest = {key(r): r for r in hist["rows"]}  # later runs replace earlier rows of the same case
     plot(list(latest.values()), history.with_suffix(".png"))
+
+
+def summary(histories) -> str:
+    """One table of every case's latest row across histories (--merge files): ms per step and, in brackets, tokens/s
+    as a multiple of the transformer + RoPE of the same run, one column per setting x mode."""
+    latest = {}
+    for h in histories:
+        for r in json.loads(Path(h).read_text())["rows"]:
+            latest[key(r)] = r
+    cols = sorted({(r["size"], r["seq_len"], r["compile"]) for r in latest.values()},
+                  key=lambda c: (c[0], c[1], not c[2]))
+    cases = list(dict.fromkeys(["ref", *CASES]))
+
+    def cell(r):
+        if r is None:
+            return ""
+        if "error" in r:
+            return "out of memory" if "OutOfMemory" in r["error"] else "failed"
+        return f"{r['ms']:.1f} ({r['x_base']:.2f})" if r.get("x_base") else f"{r['ms']:.1f}"
+    lines = ["| case | " + " | ".join(f"{s}/{t} {'compiled' if c else 'eager'}" for s, t, c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for case in cases:
+        cells = [cell(latest.get((case, *c))) for c in cols]
+        if any(cells):
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main():
@@ -283,7 +318,11 @@ def main():
                     help="add RUN (a bench_train JSON) to HISTORY (JSON of several runs) and redraw its md/png")
     ap.add_argument("--run", help="--merge: the new run's name (A, B, ...)")
     ap.add_argument("--note", default="", help="--merge: what the run measured (code, Triton version, ...)")
+    ap.add_argument("--summary", nargs="+", metavar="HISTORY", help="print one table of the latest rows of these "
+                    "histories (the README's)")
     args = ap.parse_args()
+    if args.summary:
+        return print(summary(args.summary))
     if args.merge:
         if not args.run:
             sys.exit("--merge needs --run NAME")

@@ -83,5 +83,7 @@ def test_merge_appends_a_run_to_a_history(tmp_path):
     assert [line.split(" | ")[0] for line in md.splitlines() if line.startswith("| A") or line.startswith("| B")] == \
         ["| A", "| A", "| B"]
     assert (tmp_path / "hist.png").exists()
+    # the README's summary: each case's latest row (run B's gla replaces run A's), one column per setting x mode
+    assert bench_train.summary([hist]).splitlines()[2:] == ["| transformer+rope | 70.0 |", "| gla+nope | 90.0 |"]
     with pytest.raises(SystemExit, match="already has a run 'B'"):
         bench_train.merge(hist, tmp_path / "b.json", "B", "")

@@ -44,7 +44,7 @@ def test_backbone_trains_on_gpu(backbone):
 
 @pytest.mark.parametrize("backbone,pe", [("transformer", "rope"), ("transformer", "alibi"), ("fox", "rope"),
                                          ("gla", "rope"), ("retnet", "nope"), ("mamba2", "nope"),
-                                         ("deltanet", "nope"), ("gated_deltanet", "rope")])
+                                         ("deltanet", "nope"), ("gated_deltanet", "rope"), ("linear_attn", "rope")])
 def test_packed_documents_through_the_kernels(backbone, pe):
     """The CUDA kernels' packed (cu_seqlens) paths == each document run alone, forward and parameter gradients
     (fp32; document lengths that no kernel block divides)."""
