@@ -87,13 +87,15 @@ def test_short_conv_kernel_matches_reference(packed):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
 
 
-def test_compiled_selective_rope_matches_eager():
-    """torch.compile of a model whose rotation runs the Triton kernels (called between Dynamo's graphs: tracing
-    into them failed under Triton 3.7.1): loss and gradients equal the eager model's."""
+@pytest.mark.parametrize("pe", ["selective_rope", "rope"])
+def test_compiled_rotation_matches_eager(pe):
+    """Selective RoPE: torch.compile of a model whose rotation runs the Triton kernel (called between Dynamo's
+    graphs: tracing into it failed under Triton 3.7.1). RoPE: eager it runs the Triton kernel, compiled the cos/sin
+    table that Inductor fuses. Either way, loss and gradients equal the eager model's."""
     from model import build_model
     torch.manual_seed(0)
-    m = build_model({"name": "transformer"}, {"name": "selective_rope"}, {"name": "t", "n_layer": 2, "d_model": 256,
-                                                                         "n_heads": 4, "seq_len": 256}, 512).cuda()
+    m = build_model({"name": "transformer"}, {"name": pe}, {"name": "t", "n_layer": 2, "d_model": 256,
+                                                           "n_heads": 4, "seq_len": 256}, 512).cuda()
     x = torch.randint(0, 512, (2, 257), device="cuda")
     out = []
     for model in (m, torch.compile(m)):
