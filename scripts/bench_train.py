@@ -234,8 +234,7 @@ def plot(rows, path: Path):
             xs = [i + (j - (len(modes) - 1) / 2) * w for i in range(len(names))]
             ax.bar(xs, vals, w, label="torch.compile" if comp else "eager")
             for x, n in zip(xs, names):  # a case that failed in this mode (out of memory, ...) says so
-                err = next((r["error"] for r in rows if (r["case"], r["size"], r["seq_len"], r["compile"]) ==
-                            (n, size, seq, comp) and "error" in r), None)
+                err = next((r["error"] for r in rows if key(r) == (n, size, seq, comp) and "error" in r), None)
                 if err:
                     ax.text(x, 2, err.split(":")[0].replace("OutOfMemoryError", "out of memory"), rotation=90,
                             ha="center", va="bottom", fontsize=7)
