@@ -1,5 +1,7 @@
 # make train [group=option ... key=value ...]   train (Hydra overrides pass through, e.g. make train pe=alibi)
 # make test                                     the test suite (what CI runs)
+# make gpu-test [GPU_TEST_ARGS="..."]            the GPU group on a CUDA machine (README, Tests): `PY=python3` runs it
+#                                               in your own environment instead of .venv
 # make bench [BENCH_ARGS="..."]                 the throughput suite on a GPU (README, Throughput)
 # Both create .venv on first use. On a machine without nvidia-smi the CPU build of torch is installed first, so pip
 # never pulls the multi-GB CUDA build; set TORCH_SPEC / TORCH_INDEX to choose another (see README, Install).
@@ -7,12 +9,15 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-PY := $(VENV)/bin/python
+PY ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# with PY given on the command line (your own environment), make installs nothing
+ENV := $(if $(filter command line,$(origin PY)),,$(STAMP))
+GPU_TEST_ARGS ?= -n 8
 # command-line overrides such as pe=alibi or optim.lr=1e-3 go to train.py
-OVERRIDES := $(filter-out PYTHON=% VENV=% TORCH_SPEC=% TORCH_INDEX=% PYTEST_ARGS=% BENCH_ARGS=%,$(MAKEOVERRIDES))
+OVERRIDES := $(filter-out PYTHON=% VENV=% TORCH_SPEC=% TORCH_INDEX=% PYTEST_ARGS=% BENCH_ARGS=% PY=% GPU_TEST_ARGS=%,$(MAKEOVERRIDES))
 
-.PHONY: train test bench env clean
+.PHONY: train test gpu-test bench env clean
 env: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -32,9 +37,13 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# the GPU group, 8 processes sharing the GPU (compilation, not the GPU, is what takes the time); the slowest tests last
+gpu-test: $(ENV)
+	$(PY) -m pytest -m gpu tests/test_gpu.py --durations=15 $(GPU_TEST_ARGS)
+
 # training steps of every backbone x scheme vs the nanoGPT reference, then the kernels, the attention kernel against
 # its peers, the rotation kernel: tables, JSON and plots in docs/throughput, docs/attention
-bench: $(STAMP)
+bench: $(ENV)
 	$(PY) scripts/bench_train.py $(BENCH_ARGS)
 	$(PY) scripts/bench_kernels.py
 	$(PY) scripts/bench_attention.py --memory --out docs/attention

@@ -14,8 +14,8 @@ encoding that the dual softmax scheme puts into its scores (seed 000).
 `*_recurrent` are the token-by-token definitions (the oracles, and the decoding step). `gated_chunked` and
 `delta_rule_chunked` are exact chunked parallel forms (the CPU training path; gate differences are taken pairwise
 inside chunks of 16, so they are stable).
-`gated`, `delta_rule` and `oja` dispatch: FLA's Triton kernels on CUDA, the references elsewhere. `gated` and
-`delta_rule` take packed documents (B = 1, boundaries cu_seqlens [N + 1]): each document starts from S = 0; FLA's
+`gated`, `delta_rule` and `oja` dispatch: FLA's Triton kernels on CUDA, the references elsewhere. `gated`,
+`delta_rule` and `oja` take packed documents (B = 1, boundaries cu_seqlens [N + 1]): each document starts from S = 0; FLA's
 varlen kernels on CUDA, the reference per document elsewhere.
 """
 
@@ -171,9 +171,11 @@ def oja_recurrent(q, k, v, gv, beta, scale, S0=None):
     return torch.stack(out, 1), S
 
 
-def oja(q, k, v, gv, beta, scale, S0=None, output_state=False):
+def oja(q, k, v, gv, beta, scale, S0=None, output_state=False, cu_seqlens=None):
     if _fla_ok(q):
         from fla.ops.gated_oja_rule import chunk_gated_oja_rule
         return chunk_gated_oja_rule(q, k, v, gv=gv.float(), beta=beta, scale=scale, initial_state=S0,
-                                    output_final_state=output_state)
+                                    output_final_state=output_state, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        return per_document(lambda *a: oja_recurrent(*a)[0], cu_seqlens, q, k, v, gv, beta, scale), None
     return oja_recurrent(q, k, v, gv, beta, scale, S0)

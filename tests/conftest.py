@@ -35,3 +35,22 @@ def tiny_overrides(out_dir, cache, *extra):
             "train.global_batch_tokens=256", "train.log_interval=1", "train.eval_interval=1000",
             "train.eval_tokens=512", "train.ckpt_interval=1000", "train.sample_tokens=0", "train.progress=false",
             "logger.mode=disabled", "train.device=cpu", *extra]
+
+
+def pytest_runtest_teardown(item):
+    """DUALITY_TUNE_OUT=DIR: after each test, write the kernel configs this process autotuned to DIR/<worker>
+    (scripts/tune_kernels.py --merge adds them to kernels/configs/<GPU>): how the GPU group's own shapes get shipped
+    configs."""
+    out = os.environ.get("DUALITY_TUNE_OUT")
+    if out and torch.cuda.is_available():
+        import kernels.tuned_configs as tc
+        tc.dump(Path(out) / os.environ.get("PYTEST_XDIST_WORKER", "main"))
+
+
+def pytest_runtest_logreport(report):
+    """DUALITY_TEST_FAILURES=FILE: append each failure's traceback as it happens (a GPU run stopped by a time limit
+    still leaves them; pytest prints them only at the end)."""
+    path = os.environ.get("DUALITY_TEST_FAILURES")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")

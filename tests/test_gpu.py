@@ -1,6 +1,9 @@
-"""GPU group (`pytest -m gpu` on a CUDA machine; CI deselects it): every FLA kernel path against its reference,
-and a model of each backbone training through the kernels."""
+"""GPU group (`make gpu-test`, i.e. `pytest -m gpu -n 8`, on a CUDA machine; CI deselects it): every FLA kernel path
+against its reference; each backbone compiled == eager, training, and decoding through its cache == the parallel
+forward; packed documents through the varlen kernels == separate documents; the project's own kernels in bf16 at
+awkward shapes; and the shipped kernel configs (kernels/configs/<GPU>) in use instead of autotuning."""
 
+import copy
 import sys
 
 import pytest
@@ -10,6 +13,21 @@ from conftest import ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 sys.path.insert(0, str(ROOT / "scripts"))
+
+BACKBONES = ["transformer", "linear_attn", "gla", "deltanet", "gated_deltanet", "retnet", "mamba2", "fox", "sympow",
+             "path", "path_fox", "gated_oja"]
+SMALL = {"name": "t", "n_layer": 2, "d_model": 256, "n_heads": 4, "seq_len": 256}
+
+
+def _model(backbone, pe=None, **size):
+    from model import build_model
+    torch.manual_seed(0)
+    pe = pe or ("nope" if backbone.startswith("path") else "rope")
+    return build_model({"name": backbone}, {"name": pe}, {**SMALL, **size}, 512).cuda()
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 @pytest.mark.parametrize("T", [256, 200])
@@ -21,37 +39,59 @@ def test_kernel_matches_reference(name, T):
     assert all(e < 2e-2 for e in err.values()), err
 
 
-@pytest.mark.parametrize("backbone", ["transformer", "linear_attn", "gla", "deltanet", "gated_deltanet", "retnet",
-                                      "mamba2", "fox", "sympow", "path", "path_fox", "gated_oja"])
-def test_backbone_trains_on_gpu(backbone):
-    from model import build_model
-    torch.manual_seed(0)
-    pe = "nope" if backbone.startswith("path") else "rope"
-    m = build_model({"name": backbone}, {"name": pe}, {"name": "t", "n_layer": 2, "d_model": 256, "n_heads": 4,
-                                                       "seq_len": 256}, 512).cuda()
-    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_backbone_compiled_eager_training_and_decoding(backbone):
+    """One model per backbone, three checks that share its compilation:
+    - compiled == eager: three AdamW steps from the same weights on the same batch (bf16 autocast); the losses agree
+      to 2e-2 relative and the first step's gradients to 5e-2 (bf16 rounding, fused differently);
+    - it trains: 30 compiled steps on one batch halve the loss;
+    - decoding: after training, a 16-token prefill and 8 single-token steps through the cache give the parallel
+      forward's logits (fp32; FLA's chunked kernels multiply in tf32, the decode step is the fp32 recurrence)."""
+    eager = _model(backbone)
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model)
     x = torch.randint(0, 512, (4, 257), device="cuda")
-    losses = []
-    for _ in range(30):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(x[:, :-1], x[:, 1:])[1]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.5 * losses[0], losses
+    losses, grads = {}, {}
+    for name, model, params in (("eager", eager, eager.parameters()),
+                                ("compiled", compiled, compiled_model.parameters())):
+        opt = torch.optim.AdamW(params, lr=3e-3)
+        losses[name] = []
+        for step in range(30 if name == "compiled" else 3):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x[:, :-1], x[:, 1:])[1]
+            opt.zero_grad()
+            loss.backward()
+            if step == 0:
+                grads[name] = torch.cat([p.grad.flatten().float() for p in opt.param_groups[0]["params"]
+                                         if p.grad is not None])
+            opt.step()
+            losses[name].append(loss.item())
+    e, c = torch.tensor(losses["eager"]), torch.tensor(losses["compiled"][:3])
+    assert ((e - c).abs() / e).max() < 2e-2, (losses["eager"], losses["compiled"][:3])
+    assert _rel(grads["compiled"], grads["eager"]) < 5e-2, _rel(grads["compiled"], grads["eager"])
+    assert losses["compiled"][-1] < 0.5 * losses["compiled"][0], losses["compiled"]
+
+    from model import Cache
+    m = compiled_model.eval()
+    idx = torch.randint(0, 512, (2, 24), device="cuda")
+    with torch.no_grad():
+        full = m(idx)[0]
+        cache = Cache(len(m.blocks))
+        parts = [m(idx[:, :16], cache=cache)[0]] + [m(idx[:, i:i + 1], cache=cache)[0] for i in range(16, 24)]
+    step = torch.cat(parts, 1)
+    assert _rel(step, full) < 1e-2, _rel(step, full)
+    assert (step.argmax(-1) == full.argmax(-1)).float().mean() > 0.95
 
 
 @pytest.mark.parametrize("backbone,pe", [("transformer", "rope"), ("transformer", "alibi"), ("fox", "rope"),
-                                         ("gla", "rope"), ("retnet", "nope"), ("mamba2", "nope"),
-                                         ("deltanet", "nope"), ("gated_deltanet", "rope"), ("linear_attn", "rope")])
+                                         ("linear_attn", "rope"), ("gla", "rope"), ("retnet", "nope"),
+                                         ("mamba2", "nope"), ("deltanet", "nope"), ("gated_deltanet", "rope"),
+                                         ("gated_oja", "nope")])
 def test_packed_documents_through_the_kernels(backbone, pe):
-    """The CUDA kernels' packed (cu_seqlens) paths == each document run alone, forward and parameter gradients
-    (fp32; document lengths that no kernel block divides)."""
-    from model import build_model
-    torch.manual_seed(0)
-    m = build_model({"name": backbone}, {"name": pe}, {"name": "t", "n_layer": 2, "d_model": 256, "n_heads": 4,
-                                                       "seq_len": 512}, 512).cuda()
+    """The CUDA kernels' packed (cu_seqlens) paths == each document run alone (document lengths that no kernel block
+    divides): in fp32, forward and parameter gradients to 1e-2 / 5e-2 (FLA multiplies fp32 in tf32); under bf16
+    autocast, the packed forward within 3e-2 (relative norm) of the fp32 documents alone."""
+    m = _model(backbone, pe, seq_len=512)
     assert m.blocks[0].mixer.packed
     cu = torch.tensor([0, 77, 78, 300, 555], device="cuda")
     x = torch.randint(0, 512, (1, 555), device="cuda")
@@ -59,10 +99,13 @@ def test_packed_documents_through_the_kernels(backbone, pe):
     gp = torch.autograd.grad(packed.square().mean(), list(m.parameters()), allow_unused=True)
     alone = torch.cat([m(x[:, s:e])[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
     ga = torch.autograd.grad(alone.square().mean(), list(m.parameters()), allow_unused=True)
-    torch.testing.assert_close(packed, alone, rtol=1e-2, atol=1e-2)  # FLA multiplies fp32 in tf32
+    torch.testing.assert_close(packed, alone, rtol=1e-2, atol=1e-2)
     for a, b in zip(gp, ga):
         if a is not None:
             torch.testing.assert_close(a, b, rtol=5e-2, atol=1e-3)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        packed16 = m(x, cu_seqlens=cu)[0]
+    assert _rel(packed16, alone.detach()) < 3e-2, _rel(packed16, alone.detach())
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -91,11 +134,8 @@ def test_short_conv_kernel_matches_reference(packed):
 def test_compiled_rotation_matches_eager(pe):
     """Selective RoPE: torch.compile of a model whose rotation runs the Triton kernel (called between Dynamo's
     graphs: tracing into it failed under Triton 3.7.1). RoPE: eager it runs the Triton kernel, compiled the cos/sin
-    table that Inductor fuses. Either way, loss and gradients equal the eager model's."""
-    from model import build_model
-    torch.manual_seed(0)
-    m = build_model({"name": "transformer"}, {"name": pe}, {"name": "t", "n_layer": 2, "d_model": 256,
-                                                           "n_heads": 4, "seq_len": 256}, 512).cuda()
+    table that Inductor fuses. Either way, loss and gradients equal the eager model's (fp32)."""
+    m = _model("transformer", pe)
     x = torch.randint(0, 512, (2, 257), device="cuda")
     out = []
     for model in (m, torch.compile(m)):
@@ -104,3 +144,69 @@ def test_compiled_rotation_matches_eager(pe):
     for a, b in zip(*out):
         if a is not None:
             torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+
+
+# The project's kernels in bf16 against float64 references (forward and every gradient): T = 1, T shorter than a
+# block, T that no block divides, and packed documents with a one-token document and boundaries off the blocks.
+AWKWARD = [(1, None), (77, None), (200, None), (200, [0, 1, 77, 130, 200])]
+
+
+@pytest.mark.parametrize("T,cu", AWKWARD)
+@pytest.mark.parametrize("name", ["softmax", "fox", "alibi", "sympow2_gated", "sympow4_gated"])
+def test_decayed_attention_kernel_bf16_awkward_shapes(name, T, cu):
+    from test_attention import VARIANTS, _kernel_vs_reference
+    power, gate, alibi = VARIANTS[name]
+    _kernel_vs_reference(power, gate, alibi, B=1 if cu else 2, T=T, H=2, D=64, dtype=torch.bfloat16,
+                         cu=None if cu is None else torch.tensor(cu))
+
+
+@pytest.mark.parametrize("T,cu", AWKWARD)
+@pytest.mark.parametrize("inc", ["full", "broadcast", "const"])
+def test_rotation_kernel_bf16_awkward_shapes(inc, T, cu):
+    from kernels.rotary import cumulative_rotation, cumulative_rotation_reference
+    from test_rotary import _grads, _inputs
+    q, k, dphi, theta, _ = _inputs(1 if cu else 2, T, 3, 64, inc, False, dtype=torch.bfloat16)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    got = cumulative_rotation(q, k, dphi, theta, cu_seqlens=None if cu_t is None else cu_t.cuda(), impl="triton")
+    ins = [q, k, dphi, theta]
+    d64 = [None if x is None else x.detach().double().cpu().requires_grad_() for x in ins]
+    want = cumulative_rotation_reference(*d64, cu_seqlens=cu_t)
+    assert _rel(got[0].cpu(), want[0]) < 1e-2 and _rel(got[1].cpu(), want[1]) < 1e-2
+    for name, g, w in zip(["q", "k", "dphi", "theta"], _grads(got, ins), _grads(want, d64)):
+        assert _rel(g.cpu(), w) < 2e-2, name
+
+
+def test_shipped_configs_replace_autotuning():
+    """On a GPU with kernels/configs/<GPU>/: FLA's GLA kernels (forward and backward) run without timing a single
+    config; then, with their caches emptied, they autotune (configs are timed) and give the same output and
+    gradients to bf16 accuracy."""
+    import kernels.tuned_configs as tc
+    from kernels.recurrences import gated
+    folder = tc.config_dir()
+    if folder is None:
+        pytest.skip(f"no shipped configs for {tc.gpu_name()} (scripts/tune_kernels.py writes them)")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(3))
+    gk = (torch.nn.functional.logsigmoid(torch.randn(2, 256, 4, 64, device="cuda", generator=g)) / 16)
+
+    def run():
+        o = gated(q, k, v, gk, 0.125)[0]
+        return [o, *torch.autograd.grad(o.float().square().sum(), (q, k, v))]
+
+    gated(q[:, :64], k[:, :64], v[:, :64], gk[:, :64], 0.125)  # imports FLA: its autotuners are created now
+    before = tc.counts["benchmarks"]
+    shipped = run()
+    assert tc.counts["benchmarks"] == before, "a shipped key was autotuned anyway"
+    saved = [(t, dict(t.cache), t.cache_results) for t in tc.autotuners()]
+    try:
+        for t, _, _ in saved:
+            t.cache.clear()
+            t.cache_results = False  # not Triton's on-disk autotuning results either: time the configs here
+        tuned = run()
+        assert tc.counts["benchmarks"] > before, "emptied caches did not autotune"
+    finally:
+        for t, c, r in saved:
+            t.cache.update(c)
+            t.cache_results = r
+    for a, b in zip(shipped, tuned):
+        assert _rel(a, b) < 1e-2

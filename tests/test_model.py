@@ -134,7 +134,7 @@ def test_packed_documents_equal_separate_documents(backbone, pe):
     alone = torch.cat([m(idx[:, s:e])[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
     torch.testing.assert_close(packed, alone, rtol=1e-9, atol=1e-9)
     native = {"transformer": ("nope", "rope", "alibi"), "fox": ("nope", "rope"),
-              **dict.fromkeys(("gla", "retnet", "mamba2", "deltanet", "gated_deltanet", "linear_attn"),
+              **dict.fromkeys(("gla", "retnet", "mamba2", "deltanet", "gated_deltanet", "linear_attn", "gated_oja"),
                                 ("nope", "rope"))}.get(backbone, ())
     absolute = SCHEMES[pe].kind == "absolute"  # added to the embeddings, restarted per document by the trunk
     assert m.blocks[0].mixer.packed == (pe in native or (absolute and bool(native)))

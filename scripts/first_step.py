@@ -1,0 +1,83 @@
+"""Time to the first training step of a fresh process on a fresh machine, per backbone: what a user renting a GPU
+waits before anything trains.
+
+    python scripts/first_step.py                                   # every bench_train case, 370m/4096, compiled
+    python scripts/first_step.py --cases gla+nope gated_deltanet+nope --configs off    # FLA autotuning, as before
+    python scripts/first_step.py --out docs/gpu/first_step_h100.json --resume          # add the cases not yet there
+
+Each case runs in its own process with empty Triton and Inductor caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR
+in a new temporary folder), so every kernel is compiled (and, without shipped configs, autotuned) as on a new
+machine. Reported: `first_step_s`, the first step of bench_train.measure (build excluded: torch.compile's tracing
+and compilation, Triton's compilation and autotuning, the step itself), the process's wall time from start to
+exit (imports, model build, first and second step), and the median ms of the steps after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+
+def child(case: str, size: str, seq: int, compiled: bool):
+    import torch
+
+    import kernels.tuned_configs as tc
+    from bench_train import measure
+    row = measure(case, size, seq, compiled, steps=2, warmup=1)
+    row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"], seeded_keys=tc.counts["seeded_keys"],
+               device=torch.cuda.get_device_name())
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def main():
+    from bench_train import CASES
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", nargs="+", default=list(CASES))
+    ap.add_argument("--setting", default="370m:4096", help="size:context")
+    ap.add_argument("--compile", choices=["on", "off"], default="on")
+    ap.add_argument("--configs", default=None, help="DUALITY_KERNEL_CONFIGS for the children (off: autotune)")
+    ap.add_argument("--out", type=Path, help="JSON file of rows (written after every case)")
+    ap.add_argument("--resume", action="store_true", help="skip the cases already in --out")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    size, seq = a.setting.split(":")
+    if a.child:
+        return child(a.child, size, int(seq), a.compile == "on")
+    rows = json.loads(a.out.read_text())["rows"] if a.resume and a.out and a.out.exists() else []
+    done = {(r["case"], r["configs_arg"]) for r in rows}
+    for case in a.cases:
+        if (case, a.configs) in done:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "TRITON_CACHE_DIR": f"{tmp}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"}
+            if a.configs is not None:
+                env["DUALITY_KERNEL_CONFIGS"] = a.configs
+            t = time.perf_counter()
+            p = subprocess.run([sys.executable, __file__, "--child", case, "--setting", a.setting, "--compile",
+                                a.compile], env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
+        row = json.loads(line[0][4:]) if line else {"case": case, "error": (p.stderr or p.stdout)[-2000:]}
+        row.update(process_wall_s=wall, configs_arg=a.configs, date=time.strftime("%Y-%m-%d"))
+        rows.append(row)
+        print(f"{case:28s} first step {row.get('first_step_s', float('nan')):7.1f} s | process {wall:6.1f} s | "
+              f"{row.get('ms', float('nan')):7.1f} ms/step | configs timed {row.get('configs_timed', '-')}"
+              + (f" | ERROR {row['error'][-300:]}" if "error" in row else ""), flush=True)
+        if a.out:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = a.out.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"setting": a.setting, "compile": a.compile, "rows": rows}, indent=1))
+            os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    main()

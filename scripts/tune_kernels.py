@@ -1,0 +1,141 @@
+"""Autotune the Triton kernels this repo calls (FLA's) once on this GPU, for the shapes it trains and tests at, and
+write the winners to kernels/configs/<GPU>/ (kernels/tuned_configs.py loads them by default on that GPU).
+
+    python scripts/tune_kernels.py                       # every workload below, merged into kernels/configs/<GPU>
+    python scripts/tune_kernels.py --only 370m --jobs 4  # a subset, four processes at once
+    python scripts/tune_kernels.py --merge OUT/a OUT/b   # merge folders written elsewhere (e.g. the GPU test group
+                                                         # run with DUALITY_TUNE_OUT=..., one folder per worker)
+    python scripts/tune_kernels.py --list                # the workloads
+
+A workload is one forward + backward (bf16 autocast, as train.py steps) of a two-layer model of the given backbone
+at the given width, micro-batch and context, optionally with packed documents (FLA's varlen kernels) and a forward that
+returns the recurrent state (decoding's prefill). Keys already shipped are not tuned again (the shipped configs
+are loaded first; --retune ignores them). With --jobs N the workloads run in N processes at once: Triton's
+compilation of the candidate configs, which dominates, spreads over the CPU cores, at the price of noisier timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FLA_BACKBONES = ["gla", "retnet", "mamba2", "linear_attn", "deltanet", "gated_deltanet", "gated_oja", "path",
+                 "path_fox"]
+# name: (Hydra overrides without the backbone, micro-batch, context); vocabulary 512 (it does not touch the kernels)
+SIZES = {
+    "124m": (["model=124m"], 32, 1024),
+    "370m": (["model=370m"], 8, 4096),
+    "370m_16k": (["model=370m", "model.seq_len=16384"], 2, 16384),
+    "state_tracking": (["task=state_tracking"], 256, 128),
+    "mqar": (["task=mqar"], 512, 128),
+    "copying": (["task=copying"], 64, 420),
+}
+
+
+def workloads(only=None):
+    out = []
+    for size in SIZES:
+        for bb in FLA_BACKBONES:
+            name = f"{size}:{bb}"
+            if not only or any(o in (size, bb, name) for o in only):
+                out.append(name)
+    return out
+
+
+def run_workload(name: str):
+    import torch
+
+    from model import build_model
+    size, bb = name.split(":")
+    overrides, B, T = SIZES[size]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_train import compose
+    pe = "nope" if bb.startswith("path") else "rope"
+    # two layers: the tuning keys (heads, head sizes, chunk size, dtypes, batch) do not depend on the depth
+    cfg = compose([*overrides, f"backbone={bb}", f"pe={pe}", f"model.seq_len={T}", "model.n_layer=2"])
+    model_cfg = {**cfg.model, "head": "lm"}
+    torch.manual_seed(0)
+    m = build_model(cfg.backbone, cfg.pe, model_cfg, 512).cuda()
+    x = torch.randint(0, 512, (B, T + 1), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = m(x[:, :-1], x[:, 1:])[1]
+    loss.backward()
+    if m.blocks[0].mixer.packed:  # packed documents: the varlen kernels (train.doc_boundaries)
+        n = min(B * T, 32768)
+        cu = torch.tensor(sorted({0, n, *torch.randint(1, n, (7,)).tolist()}), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(x.flatten()[None, :n], x.flatten()[None, 1:n + 1], cu_seqlens=cu)[1]
+        loss.backward()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):  # prefill: the state-returning forward
+        m.generate(x[:2, :min(T, 512)], 2, temperature=0)
+    torch.cuda.synchronize()
+
+
+def worker(names, out: Path):
+    import kernels.tuned_configs as tc
+    for name in names:
+        t = time.perf_counter()
+        before = tc.counts["benchmarks"]
+        run_workload(name)
+        added = tc.dump(out)
+        print(f"{name}: {time.perf_counter() - t:.1f} s, {tc.counts['benchmarks'] - before} configs timed, "
+              f"{added} new entries", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="sizes, backbones or size:backbone names")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--out", type=Path, help="folder to write (default kernels/configs/<GPU>)")
+    ap.add_argument("--retune", action="store_true", help="ignore the shipped configs")
+    ap.add_argument("--merge", nargs="*", type=Path, help="merge these folders into --out and stop")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.list:
+        print("\n".join(workloads(a.only)))
+        return
+    if a.retune:
+        os.environ["DUALITY_KERNEL_CONFIGS"] = "off"
+    import kernels.tuned_configs as tc
+    out = a.out or tc.CONFIG_ROOT / (tc.gpu_name() or "cpu")
+    if a.merge is not None:
+        print(f"{merge(a.merge, out)} entries added to {out}")
+        return
+    if a.worker is not None:
+        return worker(a.worker, out)
+    names = workloads(a.only)
+    if a.jobs <= 1:
+        return worker(names, out)
+    # N processes, each its own folder (no two writers of one file), merged at the end
+    parts = [names[i::a.jobs] for i in range(a.jobs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [subprocess.Popen([sys.executable, __file__, "--out", f"{tmp}/{i}", *(["--retune"] if a.retune else []),
+                                   "--worker", *p]) for i, p in enumerate(parts) if p]
+        rc = [p.wait() for p in procs]
+        print(f"{merge([Path(tmp) / str(i) for i in range(len(procs))], out)} entries added to {out}")
+    sys.exit(max(rc))
+
+
+def merge(folders, out: Path) -> int:
+    """Union of the entries of each kernel's file in `folders` into out/ (existing entries win)."""
+    from kernels.tuned_configs import write_entries
+    added = 0
+    for f in folders:
+        for path in sorted(Path(f).glob("*.json")):
+            data = json.loads(path.read_text())
+            added += write_entries(out, data["kernel_name"], data.get("autotune_entries", {}), data.get("triton_version"))
+    return added
+
+
+if __name__ == "__main__":
+    main()
