@@ -10,7 +10,8 @@ write the winners to kernels/configs/<GPU>/ (kernels/tuned_configs.py loads them
 A workload is one forward + backward (bf16 autocast, as train.py steps) of a two-layer model of the given backbone
 at the given width, micro-batch and context, optionally with packed documents (FLA's varlen kernels) and a forward that
 returns the recurrent state (decoding's prefill). Keys already shipped are not tuned again (the shipped configs
-are loaded first; --retune ignores them). With --jobs N the workloads run in N processes at once: Triton's
+are loaded first; --retune ignores them). A stopped --jobs run leaves its processes' results in OUT/.parts/*:
+`--merge OUT/.parts/*` keeps them. With --jobs N the workloads run in N processes at once: Triton's
 compilation of the candidate configs, which dominates, spreads over the CPU cores, at the price of noisier timings.
 """
 
@@ -21,7 +22,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
+import shutil
 import time
 from pathlib import Path
 
@@ -117,12 +118,14 @@ def main():
     if a.jobs <= 1:
         return worker(names, out)
     # N processes, each its own folder (no two writers of one file), merged at the end
-    parts = [names[i::a.jobs] for i in range(a.jobs)]
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [subprocess.Popen([sys.executable, __file__, "--out", f"{tmp}/{i}", *(["--retune"] if a.retune else []),
-                                   "--worker", *p]) for i, p in enumerate(parts) if p]
-        rc = [p.wait() for p in procs]
-        print(f"{merge([Path(tmp) / str(i) for i in range(len(procs))], out)} entries added to {out}")
+    parts_of = [names[i::a.jobs] for i in range(a.jobs)]
+    parts = out / ".parts"  # one folder per process (no two writers of one file); kept if this run is stopped
+    procs = [subprocess.Popen([sys.executable, __file__, "--out", str(parts / str(i)),
+                               *(["--retune"] if a.retune else []), "--worker", *p]) for i, p in enumerate(parts_of)
+             if p]
+    rc = [p.wait() for p in procs]
+    print(f"{merge(sorted(parts.glob('*')), out)} entries added to {out}")
+    shutil.rmtree(parts)
     sys.exit(max(rc))
 
 
