@@ -39,7 +39,12 @@ def test_kernel_matches_reference(name, T):
     assert all(e < 2e-2 for e in err.values()), err
 
 
-@pytest.mark.parametrize("backbone", BACKBONES)
+# linear_attn (no gate, no normaliser) is ill-conditioned at init under bf16: on the H100 (2026-11-24) its eager bf16
+# gradients were 0.73 (relative norm) from the fp32 ones, compiled 0.89, compiled vs eager 0.154 (RetNet: 0.061,
+# 0.070, 0.034). The bf16 comparison says nothing there; an fp32 comparison is still to be written and run.
+@pytest.mark.parametrize("backbone", [pytest.param(b, marks=pytest.mark.xfail(
+    strict=True, reason="bf16 gradients 0.73 from fp32 in eager alone")) if b == "linear_attn" else b
+    for b in BACKBONES])
 def test_backbone_compiled_eager_training_and_decoding(backbone):
     """One model per backbone, three checks that share its compilation:
     - compiled == eager: three AdamW steps from the same weights on the same batch (bf16 autocast); the losses agree
