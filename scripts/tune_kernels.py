@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 FLA_BACKBONES = ["gla", "retnet", "mamba2", "linear_attn", "deltanet", "gated_deltanet", "gated_oja", "path",
                  "path_fox"]
@@ -58,7 +58,6 @@ def run_workload(name: str):
     from model import build_model
     size, bb = name.split(":")
     overrides, B, T = SIZES[size]
-    sys.path.insert(0, str(ROOT / "scripts"))
     from bench_train import compose
     pe = "nope" if bb.startswith("path") else "rope"
     # two layers: the tuning keys (heads, head sizes, chunk size, dtypes, batch) do not depend on the depth
