@@ -20,6 +20,7 @@ from torch import nn
 from kernels.recurrences import gated, gated_recurrent
 
 from .base import Mixer, register, residual_linear
+from .layers import OUTPUT_NORM_EPS
 
 
 @register("linear_attn")
@@ -30,7 +31,7 @@ class LinearAttention(Mixer):
     def __init__(self, d_model, n_heads, pe=None):
         super().__init__(d_model, n_heads, pe)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.o_norm = nn.RMSNorm(self.head_dim)
+        self.o_norm = nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS)
         self.o_proj = residual_linear(d_model, d_model)
 
     def forward(self, x, cache=None, cu_seqlens=None):
