@@ -237,8 +237,8 @@ if triton is not None:
                     z = tl.where(allowed, z, float("-inf"))
                 m_new = tl.maximum(m, tl.max(z, 1))
                 alpha = tl.exp2(m - m_new)
-                p = tl.exp2(z - m_new[:, None])
-                l = l * alpha + tl.sum(p, 1)
+                p = tl.exp2(z - m_new[:, None]).to(v.dtype)
+                l = l * alpha + tl.sum(p.to(tl.float32), 1)
                 acc = acc * alpha[:, None]
                 m = m_new
             else:
@@ -253,8 +253,12 @@ if triton is not None:
                     ri = cr - _cshift(C, slope, r, m0, h, N, DECAY, ALIBI)
                     rj = _cdiff(C, slope, cols, r, h, N, kmask, DECAY, ALIBI)
                     p = p * tl.exp2(ri * _L2E)[:, None] * tl.exp2(-rj * _L2E)[None, :]
-                l += tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+                p = p.to(v.dtype)
+                l += tl.sum(p.to(tl.float32), 1)
+            # l sums the weights as the product below sees them (rounded to v's dtype), so the output's weights sum to
+            # one exactly: with unrounded sums, a one-key row (T = 1) gave o != v_0 by bf16 rounding, and the power
+            # path's dL/ds = p s^(p-1) (dP - Delta) / l turned that into q, k gradients of 1e-2 where the true ones are 0
+            acc = tl.dot(p, v, acc, input_precision=PREC)
         return acc, l, m
 
     @triton.jit
