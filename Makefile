@@ -13,7 +13,7 @@ PY ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # with PY given on the command line (your own environment), make installs nothing
 ENV := $(if $(filter command line,$(origin PY)),,$(STAMP))
-GPU_TEST_ARGS ?= -n 8
+GPU_TEST_ARGS ?= -n 8 --dist worksteal --timeout 300
 # command-line overrides such as pe=alibi or optim.lr=1e-3 go to train.py
 OVERRIDES := $(filter-out PYTHON=% VENV=% TORCH_SPEC=% TORCH_INDEX=% PYTEST_ARGS=% BENCH_ARGS=% PY=% GPU_TEST_ARGS=%,$(MAKEOVERRIDES))
 

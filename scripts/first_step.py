@@ -4,6 +4,7 @@ waits before anything trains.
     python scripts/first_step.py                                   # every bench_train case, 370m/4096, compiled
     python scripts/first_step.py --cases gla+nope gated_deltanet+nope --configs off    # FLA autotuning, as before
     python scripts/first_step.py --out docs/gpu/first_step_h100.json --resume          # add the cases not yet there
+    DUALITY_TUNE_OUT=/tmp/t python scripts/first_step.py   # also dump what each case autotuned (tune_kernels --merge)
 
 Each case runs in its own process with empty Triton and Inductor caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR
 in a new temporary folder), so every kernel is compiled (and, without shipped configs, autotuned) as on a new
@@ -36,6 +37,8 @@ def child(case: str, size: str, seq: int, compiled: bool):
     row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"], seeded_keys=tc.counts["seeded_keys"],
                device=torch.cuda.get_device_name())
     print("ROW " + json.dumps(row), flush=True)
+    if os.environ.get("DUALITY_TUNE_OUT"):  # what this case autotuned, for `tune_kernels.py --merge`
+        tc.dump(Path(os.environ["DUALITY_TUNE_OUT"]) / case.replace("+", "_"))
 
 
 def main():
