@@ -37,20 +37,24 @@ MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel")
 
 
 def resolve_ckpt(path: str) -> Path:
-    """A checkpoint file, a `latest` pointer, a checkpoints/ folder or a run's out_dir."""
+    """A checkpoint file, a `latest` pointer, a checkpoints/ folder or a run's out_dir: the newest readable
+    checkpoint there, found as train.py's resume=auto finds it."""
+    from train import checkpoint_candidates
     p = Path(path)
-    for cand in (p, p / "latest", p / "checkpoints" / "latest"):
-        if cand.is_file() and cand.name == "latest":
-            return cand.parent / cand.read_text().strip()
-        if cand.is_file():
-            return cand
-    raise ConfigError(f"ckpt={path!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or a run's out_dir)")
+    if p.is_file() and p.name != "latest":
+        return p
+    found = checkpoint_candidates(p) if p.exists() else []
+    if not found:
+        raise ConfigError(f"ckpt={path!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or a "
+                          "run's out_dir)")
+    return found[0]
 
 
 def load_model(path: str, device="cpu"):
     from data import Tokenizer
-    from train import load_checkpoint, load_weights
-    ckpt = load_checkpoint(resolve_ckpt(path))
+    from train import load_weights, resolve_checkpoint
+    resolve_ckpt(path)  # a clear error where there is no checkpoint at all
+    ckpt = resolve_checkpoint(Path(path))[1]  # the newest readable one
     cfg = ckpt["config"]
     model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
     load_weights(model, ckpt["model"], path)

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import socket
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -43,8 +44,22 @@ LOGGER_MODES = ("auto", "online", "offline", "disabled")
 # ----------------------------------------------------------------------------------------------- config checks
 def check_config(cfg, world: int = 1) -> dict:
     """Everything that can be checked before any work; returns derived numbers (steps, grad_accum)."""
-    check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
     t, o = cfg.train, cfg.optim
+    for key, value, low in (("model.n_layer", cfg.model.n_layer, 1), ("model.seq_len", cfg.model.seq_len, 1),
+                            ("train.micro_batch", t.micro_batch, 1), ("train.log_interval", t.log_interval, 1),
+                            ("train.eval_interval", t.eval_interval, 1), ("train.ckpt_interval", t.ckpt_interval, 1),
+                            ("train.keep_checkpoints", t.keep_checkpoints, 0), ("train.eval_tokens", t.eval_tokens, 1),
+                            ("train.sample_tokens", t.sample_tokens, 0),
+                            *((f"train.{k}", t[k], 1) for k in ("steps", "batch_size", "global_batch_tokens")
+                              if t.get(k) is not None)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{key}={value!r}: an integer >= {low}" + (" (or null)" if key == "train.steps" else ""))
+    for key, value in (("optim.lr", o.lr), *((f"train.{k}", t[k]) for k in ("tokens", "epochs") if t.get(k) is not None)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key}={value!r}: a number >= 0")
+    if o.lr == 0:
+        print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
+    check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
     seq = cfg.model.seq_len
     if t.get("batch_size"):  # in sequences (synthetic tasks); global_batch_tokens is then derived
         per_micro = t.micro_batch * world
@@ -252,17 +267,17 @@ def _set_rng_state(s):
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int) -> Path:
-    """Write step_XXXXXXX.pt through a temporary file and rename, then repoint `latest` the same way:
-    a crash at any moment leaves `latest` naming a complete checkpoint."""
+    """Write step_XXXXXXX.pt through a temporary file (named after this process: two writers never share one) and
+    rename, then repoint `latest` the same way: a crash at any moment leaves `latest` naming a complete checkpoint."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = ckpt_dir / f"step_{step:07d}.pt"
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    latest_tmp = ckpt_dir / "latest.tmp"
+    latest_tmp = ckpt_dir / f"latest.tmp.{os.getpid()}"
     latest_tmp.write_text(path.name)
     os.replace(latest_tmp, ckpt_dir / "latest")
     for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep] if keep > 0 else []:
@@ -270,16 +285,46 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int) -> Path:
     return path
 
 
-def find_checkpoint(out_dir: Path) -> Path | None:
-    ckpt_dir = out_dir / "checkpoints"
-    latest = ckpt_dir / "latest"
-    if latest.exists():
-        path = ckpt_dir / latest.read_text().strip()
-        if not path.exists():
-            raise ConfigError(f"{latest} names {path.name}, which is missing; pass resume=<path> to pick one")
-        return path
-    found = sorted(ckpt_dir.glob("step_*.pt"))
-    return found[-1] if found else None
+def checkpoint_candidates(path: Path) -> list[Path]:
+    """The checkpoints a run folder, a checkpoints/ folder or a `latest` file offers, newest first: the one
+    `latest` names (if it can be read and exists), then every step_*.pt by step."""
+    if path.name == "latest" and path.is_file():
+        path = path.parent
+    ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = sorted(ckpt_dir.glob("step_*.pt"), reverse=True)
+    named = None
+    try:
+        named = ckpt_dir / (ckpt_dir / "latest").read_text().strip()
+    except FileNotFoundError:
+        pass
+    except (UnicodeDecodeError, OSError) as e:
+        print(f"warning: {ckpt_dir / 'latest'} is unreadable ({type(e).__name__}): using the newest step_*.pt",
+              file=sys.stderr)
+    if named is not None and named not in found:
+        print(f"warning: {ckpt_dir / 'latest'} names {named.name}, which is missing: using the newest step_*.pt",
+              file=sys.stderr)
+        named = None
+    return ([named] if named else []) + [f for f in found if f != named]
+
+
+def resolve_checkpoint(path: Path) -> tuple[Path | None, dict | None]:
+    """The newest readable checkpoint of a run folder, checkpoints/ folder, `latest` file or checkpoint file, and its
+    contents. A newest checkpoint that cannot be read (a truncated copy, a full disk) is skipped with a warning that
+    names it; an error only when none can be read."""
+    if path.is_file() and path.name != "latest":
+        return path, load_checkpoint(path)
+    errors = []
+    for cand in checkpoint_candidates(path):
+        try:
+            ckpt = load_checkpoint(cand)
+        except ConfigError as e:
+            errors.append(str(e))
+            print(f"warning: skipping {cand}: {e}", file=sys.stderr)
+            continue
+        return cand, ckpt
+    if errors:
+        raise ConfigError(f"cannot read checkpoint: none of the {len(errors)} in {path} is readable ({errors[0]})")
+    return None, None
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -291,6 +336,76 @@ def load_checkpoint(path: Path) -> dict:
     if missing:
         raise ConfigError(f"{path} is not a checkpoint of this repo (missing {sorted(missing)})")
     return ckpt
+
+
+class RunLock:
+    """out_dir/run.lock: one run writes to an out_dir at a time. The file holds the owner's pid and host; a lock
+    whose process is gone (same host) is stale, as after kill -9, and is taken over, so a killed run resumes."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.path = out_dir, out_dir / "run.lock"
+        self.held = False
+
+    def acquire(self):
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    other = json.loads(self.path.read_text())
+                except (OSError, ValueError):
+                    other = {}  # being written right now: its owner is alive
+                if other.get("host") == me["host"] and not _alive(other.get("pid")):
+                    print(f"{self.out_dir}: the lock of process {other.get('pid')} (gone) is stale: taking it over",
+                          file=sys.stderr)
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise ConfigError(
+                    f"{self.out_dir} is in use by another run (pid {other.get('pid', '?')} on "
+                    f"{other.get('host', '?')} since {other.get('since', '?')}); use another out_dir, or delete "
+                    f"{self.path} if that run is gone") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me))
+            self.held = True
+            for tmp in (self.out_dir / "checkpoints").glob("*.tmp*"):  # a killed writer's leftovers: ours now
+                tmp.unlink(missing_ok=True)
+            return self
+        raise ConfigError(f"{self.out_dir}: could not take {self.path}; delete it if no run uses this out_dir")
+
+    def release(self):
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+            if not any(self.out_dir.iterdir()):  # a run that failed before writing anything leaves no folder
+                self.out_dir.rmdir()
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int):
+        return True  # unknown: assume the owner lives
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def all_finite(tensors, distributed: bool = False) -> bool:
+    """Whether every tensor (the local shards under FSDP) is finite on every rank: one reduction, one sync."""
+    local = [x.to_local() if hasattr(x, "to_local") else x for x in tensors]  # FSDP: DTensor shards
+    flags = [torch.isfinite(x).all() for x in local if torch.is_tensor(x) and x.is_floating_point()]
+    ok = torch.stack(flags).all().float() if flags else torch.ones(())
+    if distributed:
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
+
+
+class NonFinite(RuntimeError):
+    """The loss or the weights stopped being finite: the run stops without checkpointing that state."""
 
 
 def load_weights(model, state: dict, path) -> None:
@@ -345,8 +460,10 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
 class Logger:
     """metrics.jsonl always; wandb when enabled (offline without credentials); console through tqdm."""
 
-    def __init__(self, cfg, out_dir: Path, enabled: bool, run_id: str | None):
-        self.enabled, self.wandb = enabled, None
+    def __init__(self, cfg, out_dir: Path, enabled: bool, run_id: str | None, start_step: int = 0):
+        self.enabled, self.wandb, self.wandb_from = enabled, None, 0
+        if enabled:
+            self._truncate(out_dir / "metrics.jsonl", start_step)
         self.file = open(out_dir / "metrics.jsonl", "a") if enabled else None
         if not enabled or cfg.logger.mode == "disabled":
             return
@@ -360,6 +477,26 @@ class Logger:
         self.wandb = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, group=group,
                                 tags=list(cfg.logger.tags), name=cfg.run_name, dir=str(out_dir), mode=mode,
                                 id=run_id, resume="allow", config=OmegaConf.to_container(cfg, resolve=True))
+        # a resumed wandb run refuses steps below its last one (the crashed attempt logged them): do not send them
+        self.wandb_from = self.wandb.step if run_id else 0
+
+    @staticmethod
+    def _truncate(path: Path, step: int):
+        """Drop the rows after `step` (what a killed run logged past its last checkpoint), atomically: the resumed
+        run logs those steps again, and the file keeps one row per step and kind."""
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines()
+        def row(ln):
+            try:
+                return json.loads(ln)
+            except ValueError:
+                return None  # a line cut short by the kill
+        keep = [ln for ln in lines if (r := row(ln)) is not None and r.get("step", 0) <= step]
+        if len(keep) != len(lines):
+            tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+            tmp.write_text("".join(ln + "\n" for ln in keep))
+            os.replace(tmp, path)
 
     @property
     def run_id(self):
@@ -370,7 +507,7 @@ class Logger:
             return
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        if self.wandb is not None:
+        if self.wandb is not None and row["step"] >= self.wandb_from:
             self.wandb.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=row["step"])
 
     def close(self):
@@ -421,7 +558,17 @@ def evaluate(model, windows, n_windows: int, micro_batch: int, device, autocast,
 
 # -------------------------------------------------------------------------------------------------------- main
 def run(cfg) -> dict:
-    """Train as the config says; returns the final metrics. Raises ConfigError / ShardError on bad input."""
+    """Train as the config says; returns the final metrics. Raises ConfigError / ShardError on bad input and
+    NonFinite when training diverges. The out_dir's lock is released however it ends."""
+    held = []
+    try:
+        return _run(cfg, held)
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _run(cfg, held: list) -> dict:
     from omegaconf import OmegaConf
 
     import data as data_lib
@@ -444,13 +591,15 @@ def run(cfg) -> dict:
     master = rank == 0
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg)
 
+    if master:  # one run per out_dir, before anything is read or written there
+        held.append(RunLock(out_dir).acquire())
+
     # resume decision first: a bad checkpoint must fail before data preparation
     ckpt = ckpt_path = None
     if str(cfg.resume) == "auto":
-        ckpt_path = find_checkpoint(out_dir)
-        ckpt = load_checkpoint(ckpt_path) if ckpt_path else None
+        ckpt_path, ckpt = resolve_checkpoint(out_dir)
     elif str(cfg.resume) == "never":
-        if find_checkpoint(out_dir) is not None:
+        if checkpoint_candidates(out_dir):
             raise ConfigError(f"{out_dir} already holds checkpoints and resume=never; use resume=auto or another out_dir")
     else:
         ckpt_path = Path(str(cfg.resume))
@@ -529,10 +678,9 @@ def run(cfg) -> dict:
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
     if master:
-        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         print(f"out_dir: {out_dir}")
-    logger = Logger(cfg, out_dir, master, run_id)
+    logger = Logger(cfg, out_dir, master, run_id, start_step)
     flops_tok = model.flops_per_token(seq)
     peak = peak_flops(device)
     if master:
@@ -550,13 +698,25 @@ def run(cfg) -> dict:
               f"{' (FSDP)' if fsdp else ' (DDP)' if distributed else ''}; device {device}, "
               f"{'bf16 autocast' if bf16 else 'fp32'}" + (f"; resuming at step {start_step}" if start_step else ""))
 
+    last_good = [ckpt_path]
+
+    def diverged(step, what):
+        return NonFinite(f"step {step}: {what}; stopped without checkpointing it. The last good checkpoint is "
+                         f"{last_good[0] or 'none'}" + (" (resume=auto continues from it)" if last_good[0] else "")
+                         + "; a lower optim.lr, longer optim.warmup or optim.grad_clip may help")
+
     def checkpoint(step):
+        # only a finite state is written: retention then never deletes the last good checkpoint for a bad one
+        if not all_finite([*model.parameters(), *(v for st in optimizer.state.values() for v in st.values())],
+                          distributed):
+            raise diverged(step, "the weights or optimizer state are not finite")
         states = [None] * world
         if distributed:
             dist.all_gather_object(states, _rng_state())
         else:
             states = [_rng_state()]
         model_sd, optim_sd = model_state(model, fsdp), optimizer_state(model, optimizer, fsdp)
+        last_good[0] = out_dir / "checkpoints" / f"step_{step:07d}.pt"
         if master:
             save_checkpoint(out_dir / "checkpoints", step, {
                 "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if fsdp else "ddp",
@@ -607,6 +767,8 @@ def run(cfg) -> dict:
                    "tokens": done * batch_tokens,
                    "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if use_cuda else None}
             logger.log(row)
+            if not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
+                raise diverged(done, f"loss {row['loss']}, gradient norm {row['grad_norm']}")
             mfu = f" mfu {row['mfu']:.3f}" if row["mfu"] else ""
             bar.set_postfix(loss=f"{row['loss']:.3f}")
             if master:
@@ -650,11 +812,17 @@ def run(cfg) -> dict:
     if (master or fsdp) and task is None and t.sample_tokens > 0 and steps > start_step:
         model.eval()
         prompt = torch.tensor([tok.encode(t.sample_prompt) or [tok.eot_id]], device=device)
-        with autocast:
-            out = model.generate(prompt, t.sample_tokens, temperature=0.8, top_k=50,
-                                 generator=torch.Generator(device).manual_seed(cfg.seed))
-        result["sample"] = tok.decode(out[0].tolist())
-        if master:
+        try:
+            with autocast:
+                out = model.generate(prompt, t.sample_tokens, temperature=0.8, top_k=50,
+                                     generator=torch.Generator(device).manual_seed(cfg.seed))
+            result["sample"] = tok.decode(out[0].tolist())
+        except RuntimeError as e:  # logits that overflow (a diverged model) make no distribution to sample
+            if "probability tensor" not in str(e):
+                raise
+            print(f"sample: skipped, the model's next-token probabilities are not finite (loss "
+                  f"{result.get('loss')})", file=sys.stderr)
+        if master and "sample" in result:
             print("sample:", repr(result["sample"]))
     logger.close()
     if distributed:
@@ -678,7 +846,7 @@ def cli(run_fn, config_name: str):
         from data import ShardError
         try:
             return run_fn(cfg)
-        except (ConfigError, ShardError, FileNotFoundError) as e:
+        except (ConfigError, ShardError, FileNotFoundError, NonFinite) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 

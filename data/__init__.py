@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,11 @@ SOURCES = {
     "fineweb_edu": fineweb.documents,
 }
 ARRAYS = {"longcrawl64": longcrawl64.open_arrays}
+# sources read from local files that a user may edit: the cache remembers their (path, size, mtime) and is prepared
+# again when they change (its key is the config, which names the files but not their contents)
+FINGERPRINTS = {"text": lambda cfg: text.fingerprint(cfg.get("files")),
+                "fineweb": lambda cfg: text.fingerprint(cfg["files"]) if cfg.get("files") else None,  # local copies
+                "fineweb_edu": lambda cfg: text.fingerprint(cfg["files"]) if cfg.get("files") else None}
 # keys that name where or how the result is stored or computed, not what it contains
 _NOT_HASHED = {"cache_dir", "workers"}
 
@@ -70,6 +76,15 @@ def _write_atomic(path: Path, text_: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text_)
     os.replace(tmp, path)
+
+
+def _changes(then: list | None, now: list) -> str:
+    if then is None:
+        return "no record of its source files"
+    a, b = {f[0]: f[1:] for f in then}, {f[0]: f[1:] for f in now}
+    parts = [f"{len(set(b) - set(a))} added", f"{len(set(a) - set(b))} removed",
+             f"{sum(a[f] != b[f] for f in set(a) & set(b))} changed"]
+    return "source files " + ", ".join(x for x in parts if not x.startswith("0 "))
 
 
 def _load(d: Path) -> DataInfo:
@@ -167,9 +182,18 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
     if name not in SOURCES:
         raise ValueError(f"unknown data={name!r}; valid choices: {sorted(SOURCES) + sorted(ARRAYS)}")
     d = Path(cfg.get("cache_dir") or "cache") / f"{name}-{_key(cfg)}"
+    sources = FINGERPRINTS[name](cfg) if name in FINGERPRINTS else None
+    if sources is not None and d.is_dir() and any(d.iterdir()):
+        then = json.loads((d / "sources.json").read_text()) if (d / "sources.json").exists() else None
+        if then != sources:
+            print(f"data={name}: {_changes(then, sources)} since {d} was prepared: preparing it again",
+                  file=sys.stderr)
+            shutil.rmtree(d)
     if (d / "meta.json").exists():
         return _load(d)
     d.mkdir(parents=True, exist_ok=True)
+    if sources is not None:
+        _write_atomic(d / "sources.json", json.dumps(sources))
     every = int(cfg.get("val_every", 20))
     docs = SOURCES[name](cfg)
     if (d / "tokenizer.json").exists():  # an interrupted run: its shards were written with this tokenizer

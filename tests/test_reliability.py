@@ -1,0 +1,223 @@
+"""What the README's reliability section promises, each shown here: one run per out_dir; a diverged run never writes
+or keeps a bad checkpoint in place of the last good one; a crash at any point resumes exactly, with metrics.jsonl
+holding one row per step; a corrupt newest checkpoint is skipped; edited data is prepared again; bad input ends in
+one `error:` line before any work."""
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT, compose, tiny_overrides
+
+import data as data_lib
+import eval as eval_lib
+import train as train_lib
+from model import ConfigError
+
+
+def _rows(out_dir):
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train_cmd(out_dir, cache, *extra):
+    return [sys.executable, "train.py", *tiny_overrides(out_dir, cache, *extra)]
+
+
+def _popen(cmd):
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A prepared data cache, so that the subprocesses below do not prepare it concurrently."""
+    d = tmp_path_factory.mktemp("cache")
+    train_lib.run(compose(tiny_overrides(tmp_path_factory.mktemp("warm"), str(d), "train.steps=1")))
+    return str(d)
+
+
+def test_two_runs_in_one_out_dir_exactly_one_trains(tmp_path, cache):
+    out = tmp_path / "run"
+    procs = [_popen(_train_cmd(out, cache, "train.steps=30", f"pe={pe}")) for pe in ("rope", "alibi")]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 2], results
+    loser = next(r for r in results if r[0] == 2)
+    last = loser[2].strip().splitlines()[-1]
+    assert last.startswith("error: ") and "is in use by another run (pid" in last, loser[2]
+    assert "Traceback" not in loser[2]
+    winner_pe = ("rope", "alibi")[[r[0] for r in results].index(0)]
+    ckpt = torch.load(out / "checkpoints" / "step_0000030.pt", weights_only=False)
+    assert ckpt["config"]["pe"]["name"] == winner_pe
+    assert [r["step"] for r in _rows(out) if "loss" in r] == list(range(1, 31))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000030.pt"]
+    assert not (out / "run.lock").exists()
+
+
+def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(tmp_path, cache):
+    out = tmp_path / "run"
+    out.mkdir()
+    host = socket.gethostname()
+    (out / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": host, "since": "now"}))  # alive: us
+    with pytest.raises(ConfigError, match=rf"in use by another run \(pid {os.getpid()} on {host}"):
+        train_lib.run(compose(tiny_overrides(out, cache, "train.steps=2")))
+    assert not (out / "checkpoints").exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (out / "run.lock").write_text(json.dumps({"pid": gone.pid, "host": host, "since": "then"}))
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / f"step_0000001.pt.tmp.{gone.pid}").write_bytes(b"half a checkpoint")
+    train_lib.run(compose(tiny_overrides(out, cache, "train.steps=2")))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000002.pt"]
+    assert not (out / "run.lock").exists()
+
+
+def _inject_nan_after(monkeypatch, n_steps):
+    """From the n-th optimizer step on, the first weight matrix is NaN (as after an overflowing update)."""
+    real, calls = train_lib.train_step, [0]
+
+    def step(train_model, *a, **kw):
+        out = real(train_model, *a, **kw)
+        calls[0] += 1
+        if calls[0] == n_steps:
+            with torch.no_grad():
+                next(p for p in train_model.parameters() if p.ndim == 2).fill_(float("nan"))
+        return out
+    monkeypatch.setattr(train_lib, "train_step", step)
+
+
+def test_nan_weights_are_never_checkpointed_and_the_last_good_one_is_kept(tmp_path, cache, monkeypatch):
+    _inject_nan_after(monkeypatch, 3)
+    cfg = tiny_overrides(tmp_path, cache, "train.steps=10", "train.ckpt_interval=1", "train.keep_checkpoints=1",
+                         "train.log_interval=1000")
+    with pytest.raises(train_lib.NonFinite, match=r"step 3: the weights or optimizer state are not finite; stopped "
+                                                  r"without checkpointing it\. The last good checkpoint is .*step_0000002"):
+        train_lib.run(compose(cfg))
+    ckpts = sorted((tmp_path / "checkpoints").glob("step_*.pt"))
+    assert [p.name for p in ckpts] == ["step_0000002.pt"]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_0000002.pt"
+    state = torch.load(ckpts[0], weights_only=False)["model"]
+    assert all(torch.isfinite(v).all() for v in state.values())
+
+
+def test_a_non_finite_loss_stops_the_run_at_its_step(tmp_path, cache, monkeypatch):
+    _inject_nan_after(monkeypatch, 2)
+    with pytest.raises(train_lib.NonFinite, match=r"step 3: loss nan.*last good checkpoint is none"):
+        train_lib.run(compose(tiny_overrides(tmp_path, cache, "train.steps=10")))
+    assert not list(tmp_path.glob("checkpoints/step_*.pt"))
+
+
+def test_kill_between_checkpoints_resumes_exactly_with_one_metrics_row_per_step(tmp_path, cache):
+    """kill -9 at some step past 25 (checkpoints every 10): the resumed run cuts metrics.jsonl back to the last
+    checkpoint's step, takes over the dead run's lock, and ends with the uninterrupted run's rows, one per step."""
+    common = ["train.steps=200", "train.ckpt_interval=10", "train.keep_checkpoints=2"]
+    full = subprocess.run(_train_cmd(tmp_path / "a", cache, *common), cwd=ROOT, capture_output=True, text=True)
+    assert full.returncode == 0, full.stderr
+    b = tmp_path / "b"
+    p = _popen(_train_cmd(b, cache, *common))
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((b / "metrics.jsonl").exists() and len(_rows_safe(b)) >= 25):
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    n_before = len(_rows_safe(b))
+    assert 25 <= n_before < 200 and (b / "run.lock").exists()
+    resumed = subprocess.run(_train_cmd(b, cache, *common), cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "is stale: taking it over" in resumed.stderr
+    a_rows, b_rows = [r for r in _rows(tmp_path / "a") if "loss" in r], [r for r in _rows(b) if "loss" in r]
+    assert [r["step"] for r in b_rows] == list(range(1, 201))
+    assert [r["loss"] for r in b_rows] == [r["loss"] for r in a_rows]
+
+
+def _rows_safe(out_dir):
+    try:
+        return [line for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_on_resume_and_in_eval(tmp_path, cache, capsys):
+    train_lib.run(compose(tiny_overrides(tmp_path, cache, "train.steps=4", "train.ckpt_interval=2",
+                                         "train.keep_checkpoints=2")))
+    ck = tmp_path / "checkpoints"
+    (ck / "step_0000004.pt").write_bytes((ck / "step_0000004.pt").read_bytes()[:1000])  # truncated
+    (ck / "latest").write_bytes(b"\xff\xfe\x00binary")
+    model, _, loaded = eval_lib.load_model(str(tmp_path))
+    assert loaded["step"] == 2
+    r = train_lib.run(compose(tiny_overrides(tmp_path, cache, "train.steps=6", "train.ckpt_interval=2")))
+    err = capsys.readouterr().err
+    assert "latest is unreadable" in err and "skipping" in err and "step_0000004.pt" in err
+    assert math.isfinite(r["loss"]) and (ck / "latest").read_text() == "step_0000006.pt"
+    (ck / "latest").unlink()  # eval finds the newest in a run folder without `latest`, as train.py does
+    assert eval_lib.load_model(str(tmp_path))[2]["step"] == 6
+
+
+def test_edited_source_files_invalidate_the_prepared_cache(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"{i}.txt").write_text(f"document {i} " * 10)
+    cfg = {"name": "text", "files": str(corpus / "*.txt"), "tokenizer": "byte", "cache_dir": str(tmp_path / "c")}
+    small = data_lib.prepare(cfg, progress=False)
+    assert data_lib.prepare(cfg, progress=False).n_train_tokens == small.n_train_tokens  # unchanged: cached
+    assert "preparing it again" not in capsys.readouterr().err
+    (corpus / "3.txt").write_text("a much longer document " * 200)
+    big = data_lib.prepare(cfg, progress=False)
+    assert "source files 1 changed since" in capsys.readouterr().err
+    assert big.n_train_tokens > small.n_train_tokens + 4000
+    (corpus / "20.txt").write_text("one more")
+    data_lib.prepare(cfg, progress=False)
+    assert "source files 1 added since" in capsys.readouterr().err
+
+
+def test_jsonl_rows_without_text_are_counted_and_refused_above_a_tenth(tmp_path, capsys):
+    js = tmp_path / "d.jsonl"
+    rows = [{"text": f"row {i} " * 5} for i in range(40)] + [{"other": 1}, {"text": None}]
+    js.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = {"name": "text", "files": str(js), "format": "json", "tokenizer": "byte", "cache_dir": str(tmp_path / "c")}
+    data_lib.prepare(cfg, progress=False)
+    assert "2 of 42 rows have no 'text': skipped" in capsys.readouterr().err
+    js.write_text("".join(json.dumps(r) + "\n" for r in [{"text": "x y z"}] + [{"body": "y"}] * 9))
+    with pytest.raises(data_lib.ShardError, match=r"'text' is missing or null in 9 of 10 rows of .*d\.jsonl; "
+                                                  r"fields: \['text', 'body'\]"):
+        data_lib.prepare(cfg, progress=False)
+
+
+# every case: the command line a user types, and the one line of its error
+CLI_ERRORS = [
+    (["train.steps=abc"], "error: train.steps='abc': an integer >= 1 (or null)"),
+    (["optim.lr=-1e-3"], "error: optim.lr=-0.001: a number >= 0"),
+    (["train.micro_batch=0"], "error: train.micro_batch=0: an integer >= 1"),
+    (["model.seq_len=0"], "error: model.seq_len=0: an integer >= 1"),
+    (["model.n_layer=0"], "error: model.n_layer=0: an integer >= 1"),
+    (["train.ckpt_interval=0"], "error: train.ckpt_interval=0: an integer >= 1"),
+    (["train.log_interval=0"], "error: train.log_interval=0: an integer >= 1"),
+    (["data=text", "data.files={d}/bad.jsonl", "data.format=json"], "error: data.files: {d}/bad.jsonl:2: not valid JSON"),
+    (["data=text", "data.files={d}/latin1.txt"], "error: data.files: {d}/latin1.txt:1: not UTF-8 text"),
+    (["data=text", "data.files={d}/good.jsonl", "data.format=json", "data.text_field=body"],
+     "error: data.text_field='body' is not a field of {d}/good.jsonl; fields: ['text']"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,message", CLI_ERRORS, ids=[" ".join(a).split("/")[-1] for a, _ in CLI_ERRORS])
+def test_bad_input_is_one_error_line_before_work(tmp_path, args, message):
+    d = tmp_path
+    (d / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
+    (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (d / "good.jsonl").write_text('{"text": "fine"}\n')
+    out = d / "out"
+    r = subprocess.run([sys.executable, "train.py", *[a.format(d=d) for a in args], f"out_dir={out}",
+                        f"data.cache_dir={d / 'cache'}", "train.device=cpu", "logger.mode=disabled",
+                        "train.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert lines[-1].startswith(message.format(d=d)), r.stderr
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
