@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 
+from .shards import HubUnavailable, ShardError
 from .text import _expand
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".gz": "json"}
@@ -26,19 +27,19 @@ def _local(files):
     paths = _expand(files)
     kinds = {FORMATS.get(os.path.splitext(p)[1]) for p in paths}
     if None in kinds or len(kinds) > 1:
-        raise ValueError(f"data.files must all be .parquet or all JSON lines (.jsonl/.json/.json.gz); got {paths[:5]}")
+        raise ShardError(f"data.files must all be .parquet or all JSON lines (.jsonl/.json/.json.gz); got {paths[:5]}")
     return load_dataset(kinds.pop(), data_files=paths, split="train", streaming=True), paths[0]
 
 
 def _hub(hf_path: str, sample: str | None):
     from datasets import load_dataset
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        raise RuntimeError(f"data: streaming {hf_path} ({sample}) needs the Hugging Face hub, and HF_HUB_OFFLINE / "
+        raise HubUnavailable(f"data: streaming {hf_path} ({sample}) needs the Hugging Face hub, and HF_HUB_OFFLINE / "
                            "HF_DATASETS_OFFLINE is set; point data.files at local parquet files instead")
     try:
         return load_dataset(hf_path, name=sample, split="train", streaming=True), hf_path
     except Exception as e:  # the hub client raises many kinds of errors when offline
-        raise RuntimeError(f"data: could not stream {hf_path} ({sample}) from the Hugging Face hub "
+        raise HubUnavailable(f"data: could not stream {hf_path} ({sample}) from the Hugging Face hub "
                            f"({type(e).__name__}: {e}). Offline? Download its parquet files elsewhere and pass "
                            "data.files='<dir>/*.parquet'") from None
 
@@ -48,6 +49,6 @@ def documents(cfg):
     ds, where = _local(cfg["files"]) if cfg.get("files") else _hub(cfg.get("hf_path"), cfg.get("sample"))
     field = cfg.get("text_field", "text")
     if ds.column_names is not None and field not in ds.column_names:
-        raise ValueError(f"data.text_field={field!r} is not a column of {where}; columns: {ds.column_names}")
+        raise ShardError(f"data.text_field={field!r} is not a column of {where}; columns: {ds.column_names}")
     docs = (row[field] for row in ds if row[field] and row[field].strip())
     return itertools.islice(docs, cfg["max_docs"]) if cfg.get("max_docs") else docs

@@ -36,6 +36,10 @@ class ShardError(ValueError):
     pass
 
 
+class HubUnavailable(ShardError, RuntimeError):
+    """Data or a tokenizer that needs the Hugging Face hub, which cannot be reached (offline)."""
+
+
 def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
     """Write tokens atomically: to `path.tmp`, fsync, then rename over `path`."""
     path = Path(path)
