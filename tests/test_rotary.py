@@ -226,6 +226,12 @@ def test_temperature_schedules():
         build_model({"name": "gla"}, {"name": "selective_rope", "phasegate": True}, SIZE, 40)
     with pytest.raises(ConfigError, match="head size 5 must be even"):  # GLA's key dim 32 * 0.3125 / 2 heads
         build_model({"name": "gla", "expand_k": 0.3125}, {"name": "selective_rope"}, SIZE, 40)
+    # base 1 (the seed's state-tracking setting): every channel's temperature is 1; the tan schedule needs base > 1
+    m = build_model({"name": "gla"}, {"name": "selective_rope", "base": 1.0}, SIZE, 40)
+    assert torch.equal(m.blocks[0].mixer.pe.theta, torch.ones_like(m.blocks[0].mixer.pe.theta))
+    for temp, base in (("tan", 1.0), ("rope", 0.5)):
+        with pytest.raises(ConfigError, match=f"base must be >= 1 with temperature=rope and > 1 with tan.*{base}"):
+            build_model({"name": "gla"}, {"name": "selective_rope", "base": base, "temperature": temp}, SIZE, 40)
 
 
 def test_softmax_mixers_normalise_q():

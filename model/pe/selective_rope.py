@@ -58,8 +58,11 @@ class SelectiveRoPE(AccumulatedRotation):
             raise ConfigError(f"pe=selective_rope: temperature={temperature!r}; valid choices: {list(TEMPERATURES)}")
         if not (isinstance(conv_size, int) and conv_size >= 1):
             raise ConfigError(f"pe=selective_rope: conv_size must be a positive integer, got {conv_size!r}")
-        if base <= 1:
-            raise ConfigError(f"pe=selective_rope: base must be > 1 (eps = 1/base), got {base}")
+        # base 1 with the rope schedule: every channel at temperature 1 (the paper's state-tracking setting); the tan
+        # schedule's angles span (0, (1 - 1/base) pi), which base 1 collapses to zero
+        if not (base > 1 or (base == 1 and temperature == "rope")):
+            raise ConfigError(f"pe=selective_rope: base must be >= 1 with temperature=rope and > 1 with tan "
+                              f"(eps = 1/base), got base={base} with temperature={temperature}")
         self.opts = dict(conv_size=conv_size, phase_gate=phase_gate, bias=bias, weight_norm=weight_norm,
                          temperature=temperature, base=base, temp_max=temp_max,
                          learn_temperature=learn_temperature, normalize_q=normalize_q)
