@@ -358,9 +358,7 @@ class RunLock:
                 except (OSError, ValueError):
                     other = {}  # being written right now: its owner is alive
                 if other.get("host") == me["host"] and not _alive(other.get("pid")):
-                    print(f"{self.out_dir}: the lock of process {other.get('pid')} (gone) is stale: taking it over",
-                          file=sys.stderr)
-                    self.path.unlink(missing_ok=True)
+                    self._take_over(other)
                     continue
                 raise ConfigError(
                     f"{self.out_dir} is in use by another run (pid {other.get('pid', '?')} on "
@@ -373,6 +371,28 @@ class RunLock:
                 tmp.unlink(missing_ok=True)
             return self
         raise ConfigError(f"{self.out_dir}: could not take {self.path}; delete it if no run uses this out_dir")
+
+    def _take_over(self, stale: dict):
+        """Remove a dead owner's lock. Two runs resuming at once must not both take it: one at a time (an O_EXCL
+        side file), and only if the lock still holds what was read as stale (not a new owner's lock)."""
+        side = self.path.with_name(self.path.name + ".takeover")
+        try:
+            fd = os.open(side, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            raise ConfigError(f"{self.out_dir}: another run is taking over the stale lock of process "
+                              f"{stale.get('pid')}; delete {side} if no run is starting there") from None
+        try:
+            try:
+                now = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                now = None
+            if now == stale:
+                print(f"{self.out_dir}: the lock of process {stale.get('pid')} (gone) is stale: taking it over",
+                      file=sys.stderr)
+                self.path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+            side.unlink(missing_ok=True)
 
     def release(self):
         if self.held:

@@ -73,6 +73,10 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(tmp_path, cache):
     (out / "run.lock").write_text(json.dumps({"pid": gone.pid, "host": host, "since": "then"}))
     (out / "checkpoints").mkdir()
     (out / "checkpoints" / f"step_0000001.pt.tmp.{gone.pid}").write_bytes(b"half a checkpoint")
+    (out / "run.lock.takeover").touch()  # another resumer is taking the stale lock over right now: not both
+    with pytest.raises(ConfigError, match=rf"another run is taking over the stale lock of process {gone.pid}"):
+        train_lib.run(compose(tiny_overrides(out, cache, "train.steps=2")))
+    (out / "run.lock.takeover").unlink()
     train_lib.run(compose(tiny_overrides(out, cache, "train.steps=2")))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000002.pt"]
     assert not (out / "run.lock").exists()
