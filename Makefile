@@ -37,7 +37,8 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# the GPU group, 8 processes sharing the GPU (compilation, not the GPU, is what takes the time); the slowest tests last
+# the GPU group, 8 processes sharing the GPU (compilation, not the GPU, is what takes the time); worksteal rebalances
+# the tail, and a test past 300 s fails with its traceback instead of holding the group (README, Tests)
 gpu-test: $(ENV)
 	$(PY) -m pytest -m gpu tests/test_gpu.py --durations=15 $(GPU_TEST_ARGS)
 
