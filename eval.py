@@ -53,8 +53,9 @@ def resolve_ckpt(path: str) -> Path:
 def load_model(path: str, device="cpu"):
     from data import Tokenizer
     from train import load_weights, resolve_checkpoint
-    resolve_ckpt(path)  # a clear error where there is no checkpoint at all
     ckpt = resolve_checkpoint(Path(path))[1]  # the newest readable one
+    if ckpt is None:
+        resolve_ckpt(path)  # raises: no checkpoint there at all
     cfg = ckpt["config"]
     model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
     load_weights(model, ckpt["model"], path)

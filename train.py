@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from data import write_atomic
 from data.tasks import is_task
 from kernels.attention import training_backends
 from model import ConfigError, build_model, check_model_config
@@ -277,9 +278,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    latest_tmp = ckpt_dir / f"latest.tmp.{os.getpid()}"
-    latest_tmp.write_text(path.name)
-    os.replace(latest_tmp, ckpt_dir / "latest")
+    write_atomic(ckpt_dir / "latest", path.name)
     for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep] if keep > 0 else []:
         old.unlink()
     return path
@@ -514,9 +513,7 @@ class Logger:
                 return None  # a line cut short by the kill
         keep = [ln for ln in lines if (r := row(ln)) is not None and r.get("step", 0) <= step]
         if len(keep) != len(lines):
-            tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-            tmp.write_text("".join(ln + "\n" for ln in keep))
-            os.replace(tmp, path)
+            write_atomic(path, "".join(ln + "\n" for ln in keep))
 
     @property
     def run_id(self):
@@ -718,14 +715,15 @@ def _run(cfg, held: list) -> dict:
               f"{' (FSDP)' if fsdp else ' (DDP)' if distributed else ''}; device {device}, "
               f"{'bf16 autocast' if bf16 else 'fp32'}" + (f"; resuming at step {start_step}" if start_step else ""))
 
-    last_good = [ckpt_path]
+    last_good = ckpt_path
 
     def diverged(step, what):
         return NonFinite(f"step {step}: {what}; stopped without checkpointing it. The last good checkpoint is "
-                         f"{last_good[0] or 'none'}" + (" (resume=auto continues from it)" if last_good[0] else "")
+                         f"{last_good or 'none'}" + (" (resume=auto continues from it)" if last_good else "")
                          + "; a lower optim.lr, longer optim.warmup or optim.grad_clip may help")
 
     def checkpoint(step):
+        nonlocal last_good
         # only a finite state is written: retention then never deletes the last good checkpoint for a bad one
         if not all_finite([*model.parameters(), *(v for st in optimizer.state.values() for v in st.values())],
                           distributed):
@@ -736,7 +734,7 @@ def _run(cfg, held: list) -> dict:
         else:
             states = [_rng_state()]
         model_sd, optim_sd = model_state(model, fsdp), optimizer_state(model, optimizer, fsdp)
-        last_good[0] = out_dir / "checkpoints" / f"step_{step:07d}.pt"
+        last_good = out_dir / "checkpoints" / f"step_{step:07d}.pt"
         if master:
             save_checkpoint(out_dir / "checkpoints", step, {
                 "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if fsdp else "ddp",

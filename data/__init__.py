@@ -27,7 +27,8 @@ from . import embedded, fineweb, longcrawl64, text
 from .shards import ShardError, TokenWindows, TrainBatches, pack_documents, write_shard
 from .tokenizer import Tokenizer, make_tokenizer
 
-__all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer", "pack_documents"]
+__all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer", "pack_documents",
+           "write_atomic"]
 
 SOURCES = {
     "embedded": lambda cfg: embedded.documents(),
@@ -39,9 +40,11 @@ SOURCES = {
 ARRAYS = {"longcrawl64": longcrawl64.open_arrays}
 # sources read from local files that a user may edit: the cache remembers their (path, size, mtime) and is prepared
 # again when they change (its key is the config, which names the files but not their contents)
-FINGERPRINTS = {"text": lambda cfg: text.fingerprint(cfg.get("files")),
-                "fineweb": lambda cfg: text.fingerprint(cfg["files"]) if cfg.get("files") else None,  # local copies
-                "fineweb_edu": lambda cfg: text.fingerprint(cfg["files"]) if cfg.get("files") else None}
+def _local_files(cfg):
+    return text.fingerprint(cfg["files"]) if cfg.get("files") else None  # FineWeb from the hub: none
+
+
+FINGERPRINTS = {"text": _local_files, "fineweb": _local_files, "fineweb_edu": _local_files}
 # keys that name where or how the result is stored or computed, not what it contains
 _NOT_HASHED = {"cache_dir", "workers"}
 
@@ -72,8 +75,10 @@ def _key(cfg: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
-def _write_atomic(path: Path, text_: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def write_atomic(path: Path, text_: str) -> None:
+    """Replace a small text file whole or not at all: a temporary file named after this process, then a rename (two
+    writers never share a temporary name; a crash leaves the old file)."""
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     tmp.write_text(text_)
     os.replace(tmp, path)
 
@@ -152,7 +157,7 @@ def write_shards(docs, tok: Tokenizer, d: Path, val_every: int, shard_tokens: in
                 state["tokens"][split] += sizes[split]
                 bufs[split], sizes[split] = [], 0
         state["next_doc"] = next_doc
-        _write_atomic(state_path, json.dumps(state))
+        write_atomic(state_path, json.dumps(state))
 
     bar = tqdm(total=total, initial=start, disable=not progress, unit="doc", desc=f"tokenizing {d.name}",
                dynamic_ncols=True, file=sys.stdout)
@@ -193,7 +198,7 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
         return _load(d)
     d.mkdir(parents=True, exist_ok=True)
     if sources is not None:
-        _write_atomic(d / "sources.json", json.dumps(sources))
+        write_atomic(d / "sources.json", json.dumps(sources))
     every = int(cfg.get("val_every", 20))
     docs = SOURCES[name](cfg)
     if (d / "tokenizer.json").exists():  # an interrupted run: its shards were written with this tokenizer
@@ -207,7 +212,7 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
             train_docs = (x for i, x in enumerate(src) if i % every != every - 1)
             train_docs = list(itertools.islice(train_docs, limit) if limit else train_docs)
         tok = tokenizer or make_tokenizer(kind, train_docs, int(cfg.get("vocab_size", 4096)))
-        _write_atomic(d / "tokenizer.json", json.dumps(tok.to_dict()))
+        write_atomic(d / "tokenizer.json", json.dumps(tok.to_dict()))
     total = len(docs) if hasattr(docs, "__len__") else cfg.get("max_docs")
     state = write_shards(docs, tok, d, every, int(cfg.get("shard_tokens", 100_000_000)),
                          int(cfg.get("workers") or 1), progress, total)
@@ -218,5 +223,5 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
     meta = {"name": name, "train": state["shards"]["train"], "val": state["shards"]["val"],
             "n_train_tokens": state["tokens"]["train"], "n_val_tokens": state["tokens"]["val"],
             "n_docs": n_docs, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "config": cfg}
-    _write_atomic(d / "meta.json", json.dumps(meta, indent=1, default=str))
+    write_atomic(d / "meta.json", json.dumps(meta, indent=1, default=str))
     return _load(d)

@@ -43,6 +43,8 @@ def child(case: str, size: str, seq: int, compiled: bool):
 
 def main():
     from bench_train import CASES
+
+    from data import write_atomic
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--setting", default="370m:4096", help="size:context")
@@ -77,9 +79,7 @@ def main():
               + (f" | ERROR {row['error'][-300:]}" if "error" in row else ""), flush=True)
         if a.out:
             a.out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = a.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"setting": a.setting, "compile": a.compile, "rows": rows}, indent=1))
-            os.replace(tmp, a.out)
+            write_atomic(a.out, json.dumps({"setting": a.setting, "compile": a.compile, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
