@@ -100,11 +100,11 @@ def task_accuracy(model, ckpt, cfg, device, autocast, plot: Path) -> dict:
     print(f"task {task.name} (trained to {task.unit} {task.train_len}) | {tasks.summary(result, task)}")
     print("  ".join(f"{k.split('@')[1]}: {v:.3f}" for k, v in shown.items()))
     c = ckpt["config"]
-    tasks.plot_curves({f"{c['backbone']['name']} + {c['pe']['name']}": curve}, plot, task.train_len, task.unit,
-                      title=f"{task.name}: {c.get('run_name', '')}")
+    tasks.plot_curves(tasks.labelled_curves(f"{c['backbone']['name']} + {c['pe']['name']}", result), plot,
+                      task.train_len, task.unit, title=f"{task.name}: {c.get('run_name', '')}")
     print(f"plot: {plot}")
     return {**result, "task": task.name, "train_len": task.train_len, "unit": task.unit, "plot": str(plot),
-            "curve": {str(k): v for k, v in curve.items()}}
+            **{k: {str(p): v for p, v in result[k].items()} for k in ("curve", "curve_seq") if k in result}}
 
 
 def sample(model, tok, cfg, device, autocast) -> dict:

@@ -58,6 +58,12 @@ def check_config(cfg, world: int = 1) -> dict:
     for key, value in (("optim.lr", o.lr), *((f"train.{k}", t[k]) for k in ("tokens", "epochs") if t.get(k) is not None)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key}={value!r}: a number >= 0")
+    if t.get("time_limit") is not None and (isinstance(t.time_limit, bool) or not isinstance(t.time_limit, (int, float))
+                                            or t.time_limit <= 0):
+        raise ConfigError(f"train.time_limit={t.time_limit!r}: seconds > 0, or null")
+    if t.get("stop_acc") is not None and (isinstance(t.stop_acc, bool) or not isinstance(t.stop_acc, (int, float))
+                                          or not 0 < t.stop_acc <= 1):
+        raise ConfigError(f"train.stop_acc={t.stop_acc!r}: an accuracy in (0, 1], or null")
     if o.lr == 0:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
@@ -149,7 +155,8 @@ def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, aut
             _, loss = train_model(x, y, cu_seqlens=cu[0]) if cu else train_model(x, y)
         (loss / accum).backward()
         loss_sum = loss_sum + loss.detach() / accum
-    grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), grad_clip)
+    # grad_clip null: the norm is still computed (for the log and the non-finite check), nothing is clipped
+    grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), math.inf if grad_clip is None else grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
     optimizer.step()
@@ -671,6 +678,11 @@ def _run(cfg, held: list) -> dict:
         load_optimizer_state(model, optimizer, ckpt["optimizer"], fsdp)
         scheduler.load_state_dict(ckpt["scheduler"])
         start_step, run_id = ckpt["step"], ckpt.get("wandb_id")
+        if ckpt.get("stopped_at_acc") is not None and t.get("stop_acc") is not None:
+            steps = start_step  # it stopped at train.stop_acc: nothing left to train
+            if master:
+                print(f"this run stopped at step {start_step} with accuracy {ckpt['stopped_at_acc']:.4f} >= "
+                      f"train.stop_acc; nothing to do (train.stop_acc=null trains on)")
         if ckpt["world_size"] == world:
             _set_rng_state(ckpt["rng"][rank])
         elif master:
@@ -722,7 +734,7 @@ def _run(cfg, held: list) -> dict:
                          f"{last_good or 'none'}" + (" (resume=auto continues from it)" if last_good else "")
                          + "; a lower optim.lr, longer optim.warmup or optim.grad_clip may help")
 
-    def checkpoint(step):
+    def checkpoint(step, stopped_at_acc=None):
         nonlocal last_good
         # only a finite state is written: retention then never deletes the last good checkpoint for a bad one
         if not all_finite([*model.parameters(), *(v for st in optimizer.state.values() for v in st.values())],
@@ -741,7 +753,8 @@ def _run(cfg, held: list) -> dict:
                 "scheduler": scheduler.state_dict(), "rng": states, "world_size": world,
                 "data_position": {"next_step": step, "samples_seen": step * batches.global_batch},
                 "config": OmegaConf.to_container(cfg, resolve=True), "tokenizer": tok.to_dict(),
-                "vocab_size": vocab, "wandb_id": logger.run_id}, t.keep_checkpoints)
+                "vocab_size": vocab, "wandb_id": logger.run_id, "stopped_at_acc": stopped_at_acc},
+                t.keep_checkpoints)
 
     def micro_batches(step):
         for micro in range(accum):
@@ -760,6 +773,14 @@ def _run(cfg, held: list) -> dict:
     t_last, tokens_since, steps_since = time.perf_counter(), 0, 0
     loss_sum = torch.zeros((), device=device)
     profiler = Profiler(t.profile_steps, out_dir, master, device) if t.profile_steps else None
+    t_start, paused = time.perf_counter(), False
+
+    def out_of_time():  # rank 0's clock decides for all (ranks that disagreed would wait on each other forever)
+        flag = torch.tensor(float(time.perf_counter() - t_start > t.time_limit), device=device)
+        if distributed:
+            dist.broadcast(flag, 0)
+        return bool(flag.item())
+
     for step in range(start_step, steps):
         if profiler is not None:
             profiler.step(step - start_step)
@@ -797,12 +818,18 @@ def _run(cfg, held: list) -> dict:
             t_last, tokens_since, steps_since = time.perf_counter(), 0, 0
         if (done % t.eval_interval == 0 or done == steps) and task is not None:
             m = tasks.evaluate(model, task, t.micro_batch, device, autocast, rank, world)
-            logger.log({"step": done, **{k: v for k, v in m.items() if k != "curve"},
+            logger.log({"step": done, **{k: v for k, v in m.items() if not k.startswith("curve")},
                         **tasks.log_points(m["curve"], task.train_len)})
             if master:
                 bar.write(f"step {done:6d} | {tasks.summary(m, task)}")
             result.update(m)
             t_last = time.perf_counter()
+            if t.get("stop_acc") is not None and done < steps and tasks.headline(m) >= t.stop_acc:
+                if master:  # the seed's code stops at 0.99; every rank computed the same all-reduced number
+                    bar.write(f"step {done:6d} | accuracy {tasks.headline(m):.4f} >= train.stop_acc={t.stop_acc}: stopping")
+                checkpoint(done, tasks.headline(m))
+                steps = done
+                break
         elif done % t.eval_interval == 0 or done == steps:
             val = evaluate(model, val_windows, n_val, t.micro_batch, device, autocast, rank, world,
                            tok.eot_id if t.get("doc_boundaries") else None)
@@ -814,20 +841,31 @@ def _run(cfg, held: list) -> dict:
         if done % t.ckpt_interval == 0 or done == steps:
             checkpoint(done)
             t_last = time.perf_counter()
+        if t.get("time_limit") and done % t.log_interval == 0 and done < steps and out_of_time():
+            if done % t.ckpt_interval:
+                checkpoint(done)  # a pause, not an end: resume=auto goes on from here
+            paused = True
+            if master:
+                bar.write(f"step {done:6d} | train.time_limit={t.time_limit} s reached: checkpointed; run again "
+                          "(resume=auto) to go on")
+            break
     bar.close()
     if profiler is not None:
         profiler.close()
 
-    if master and task is not None and "curve" in result:
+    if master and task is not None and "curve" in result and not paused:
         summary = {"task": task.name, "train_len": task.train_len, "unit": task.unit, "step": steps,
-                   **{k: result.get(k) for k in ("val_loss", "val_acc", "val_acc_extrap")}, "curve": result["curve"],
+                   **{k: result.get(k) for k in ("val_loss", "val_acc", "val_acc_extrap", "val_seq_acc",
+                                                 "val_seq_acc_extrap") if k in result},
+                   "tokens": steps * batch_tokens, "curve": result["curve"],
+                   **({"curve_seq": result["curve_seq"]} if "curve_seq" in result else {}),
                    "config": OmegaConf.to_container(cfg, resolve=True)}
         tasks.write_result(out_dir / "task_eval.json", summary)
-        tasks.plot_curves({f"{cfg.backbone.name} + {cfg.pe.name}": result["curve"]}, out_dir / "accuracy_vs_length.png",
-                          task.train_len, task.unit, title=f"{task.name}: {cfg.run_name}")
+        tasks.plot_curves(tasks.labelled_curves(f"{cfg.backbone.name} + {cfg.pe.name}", result), out_dir /
+                          "accuracy_vs_length.png", task.train_len, task.unit, title=f"{task.name}: {cfg.run_name}")
         print(f"accuracy vs {task.unit}: {out_dir / 'accuracy_vs_length.png'}")
     # FSDP: every rank runs the sampling forwards (each gathers parameters), the same tokens from the same seed
-    if (master or fsdp) and task is None and t.sample_tokens > 0 and steps > start_step:
+    if (master or fsdp) and task is None and t.sample_tokens > 0 and steps > start_step and not paused:
         model.eval()
         prompt = torch.tensor([tok.encode(t.sample_prompt) or [tok.eot_id]], device=device)
         try:

@@ -6,8 +6,9 @@ Reads every <dir>/**/task_eval.json that train.py writes at the end of a task ru
 optimiser (optim.lr, optim.weight_decay, ...) are one cell; the cell reports the best of them by --metric (seed 004's
 "best over learning rates"). Rows are models (backbone + positional scheme with its non-default flags, and any other
 model/backbone field the sweep varies); columns are task settings (the task and any data field the sweep varies).
-Writes results.md, results.csv and results.png (accuracy vs length of each cell's best run) to --out (default: the
-first sweep dir).
+Writes results.md, results.csv, results.png (accuracy vs length of each cell's best run) and results_training.png
+(its evaluations during training: accuracy vs tokens seen, from the run's metrics.jsonl) to --out (default: the
+first sweep dir). State-tracking cells add the seed's sequence accuracy (every position up to L right).
 """
 
 from __future__ import annotations
@@ -110,8 +111,11 @@ def main():
         return "-" if v is None else f"{100 * v:.1f}"
 
     extrap = any(r.get("val_acc_extrap") is not None for r in best.values())
+    seq = any(r.get("val_seq_acc") is not None for r in best.values())
     lines = [f"Best over optimiser settings by {args.metric}; accuracy in % up to the training length"
-             + (" / beyond it" if extrap else "") + f" ({len(runs)} runs).", "",
+             + (" / beyond it" if extrap else "")
+             + ("; all right: sequences right at every position up to the training length / the longest" if seq else "")
+             + f" ({len(runs)} runs).", "",
              "| model | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     table = []
     for row in rows:
@@ -123,10 +127,13 @@ def main():
                 continue
             lr = r["config"]["optim"]["lr"]
             text = fmt(r, "val_acc") + (f" / {fmt(r, 'val_acc_extrap')}" if extrap else "")
+            if r.get("val_seq_acc") is not None:
+                text += f"; all right {fmt(r, 'val_seq_acc')} / {fmt(r, 'val_seq_acc_extrap')}"
             cells.append(f"{text} (lr {lr:g})")
             table.append({"model": row, "task": col, "val_acc": r.get("val_acc"), "val_acc_extrap": r.get("val_acc_extrap"),
-                          "val_loss": r.get("val_loss"), "lr": lr, "weight_decay": r["config"]["optim"]["weight_decay"],
-                          "dir": r["dir"]})
+                          "val_seq_acc": r.get("val_seq_acc"), "val_seq_acc_extrap": r.get("val_seq_acc_extrap"),
+                          "val_loss": r.get("val_loss"), "tokens": r.get("tokens"), "lr": lr,
+                          "weight_decay": r["config"]["optim"]["weight_decay"], "dir": r["dir"]})
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
@@ -155,7 +162,33 @@ def main():
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(out / "results.png")
-    print(f"wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'results.png'}")
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.4 * nrow), dpi=120, squeeze=False)
+    for ax, col in zip(axes.flat, cols):
+        for i, row in enumerate(r for r in rows if (r, col) in best):
+            pts = learning_curve(Path(best[(row, col)]["dir"]))
+            for key, style in (("val_acc", "-"), ("val_acc_extrap", "--")):
+                xy = [(p["tokens"], p[key]) for p in pts if p.get(key) is not None]
+                if xy:
+                    ax.plot(*zip(*xy), style, color=f"C{i}", label=row if key == "val_acc" else None, marker=".")
+        ax.set_xlabel("tokens seen (dashed: beyond the training length)")
+        ax.set_ylabel("accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(col, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out / "results_training.png")
+    print(f"wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'results.png'}, {out / 'results_training.png'}")
+
+
+def learning_curve(run_dir: Path) -> list[dict]:
+    """The run's evaluations from metrics.jsonl, with the tokens seen at each (steps x tokens per step)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
+        if (run_dir / "metrics.jsonl").exists() else []
+    per_step = next((r["tokens"] / r["step"] for r in rows if r.get("tokens") and r.get("step")), None)
+    return [{**r, "tokens": r["step"] * per_step} for r in rows if "val_acc" in r and per_step]
 
 
 if __name__ == "__main__":

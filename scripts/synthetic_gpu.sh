@@ -1,33 +1,59 @@
 #!/usr/bin/env bash
-# The GPU runs behind the README's synthetic-task tables (issue #7), as Hydra multiruns (one process per sweep, so
-# FLA's autotuning happens once):
-#   bash scripts/synthetic_gpu.sh OUT parity    # 1-layer GLA (and Transformer) x {nope, rope, selective_rope}, S2
-#   bash scripts/synthetic_gpu.sh OUT mqar      # 2-layer GLA x {nope, rope, selective_rope}, MQAR (128, 8)
-# STEPS (default 3000) sets the budget; every run writes task_eval.json + accuracy_vs_length.png, and each sweep
-# ends with scripts/collect_sweep.py's table and figure in OUT/<sweep>.
-set -euo pipefail
-OUT=${1:?usage: synthetic_gpu.sh OUT parity|mqar|copying}
-WHAT=${2:?usage: synthetic_gpu.sh OUT parity|mqar|copying}
-STEPS=${STEPS:-3000}
-# on exit (also a timeout): drop checkpoints and pack OUT into OUT/<what>.tar.gz (one file travels back easily)
-pack() { find "$OUT" -name checkpoints -type d -prune -exec rm -rf {} +;
-         tar -czf "/tmp/$WHAT.tar.gz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "/tmp/$WHAT.tar.gz" "$OUT/"; }
-trap pack EXIT
-common=(logger.mode=disabled train.progress=false train.steps=$STEPS train.epochs=null train.eval_interval=$STEPS
-        train.ckpt_interval=1000000)
+# The GPU runs behind the README's synthetic-task results (issue #24): each job a process of its own, all of a set at
+# once on one GPU (small models leave most of an H100 idle), continuing from their checkpoints when run again:
+#   bash scripts/synthetic_gpu.sh OUT parity      # S2: 1-layer GLA (gla_st) and Transformer x {nope, rope, selective_rope_st}
+#   bash scripts/synthetic_gpu.sh OUT parity_gla  # S2: only GLA's three
+#   bash scripts/synthetic_gpu.sh OUT a3          # A3: 2-layer DeltaNet x {nope, rope, selective_rope_st}
+#   bash scripts/synthetic_gpu.sh OUT mqar        # MQAR (128, 8), 2-layer GLA x {nope, rope, selective_rope} x LRS
+#   bash scripts/synthetic_gpu.sh OUT copying     # copying, 4-layer GLA x {nope, rope, selective_rope_copy}
+# Budget: EPOCHS (default 2) of the task's training examples with the task's own schedule over them, or STEPS.
+# SEEDS (default 0), LRS (a comma list; default: the task's lr) and EXTRA (more Hydra overrides, e.g.
+# train.time_limit=400: each job checkpoints and pauses then, to go on when run again) apply to every job; ONLY (a
+# regex on job names) keeps some. Runs live in RUNS (default
+# outputs/synthetic); a job whose folder has a checkpoint resumes from it (resume=auto), so a sweep longer than one
+# sitting is this command repeated. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
+# (no checkpoints) and scripts/collect_sweep.py's table and figures.
+set -uo pipefail
+OUT=${1:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
+WHAT=${2:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
+RUNS=${RUNS:-outputs/synthetic}
+budget=(train.epochs=${EPOCHS:-2})
+[ -n "${STEPS:-}" ] && budget=(train.steps=$STEPS train.epochs=null)
+common=(logger.mode=disabled train.progress=false "${budget[@]}" ${EXTRA:-})
+jobs=()  # "name|overrides..."
 case $WHAT in
-  parity)
-    python train.py -m sweep=parity backbone=gla pe=nope,rope,selective_rope optim.lr=${LRS:-1e-3,3e-3} \
-      hydra.sweep.dir=$OUT/parity_gla "${common[@]}"
-    python train.py -m sweep=parity backbone=transformer pe=nope,rope,selective_rope optim.lr=1e-3 \
-      hydra.sweep.dir=$OUT/parity_transformer "${common[@]}"
-    python scripts/collect_sweep.py $OUT/parity_gla $OUT/parity_transformer --out $OUT/parity ;;
+  parity|parity_gla)
+    bbs="gla_st"; [ "$WHAT" = parity ] && bbs="gla_st transformer"
+    for b in $bbs; do for p in nope rope selective_rope_st; do
+      jobs+=("s2-$b-$p|task=state_tracking data=parity backbone=$b pe=$p"); done; done ;;
+  a3)
+    for p in nope rope selective_rope_st; do
+      jobs+=("a3-deltanet-$p|task=state_tracking data=a3 backbone=deltanet model.n_layer=2 pe=$p"); done ;;
   mqar)
-    python train.py -m task=mqar backbone=gla pe=nope,rope,selective_rope optim.lr=${LRS:-1e-3,3e-3} data.seq_len=128 \
-      data.num_kv_pairs=8 hydra.sweep.dir=$OUT/mqar_gla "${common[@]}"
-    python scripts/collect_sweep.py $OUT/mqar_gla ;;
+    for p in nope rope selective_rope; do
+      jobs+=("mqar-gla-$p|task=mqar backbone=gla pe=$p data.seq_len=128 data.num_kv_pairs=8"); done ;;
   copying)
-    python train.py -m sweep=copying_gla optim.lr=1e-3 hydra.sweep.dir=$OUT/copying_gla "${common[@]}"
-    python scripts/collect_sweep.py $OUT/copying_gla ;;
-  *) echo "unknown: $WHAT (parity | mqar | copying)"; exit 2 ;;
+    for p in nope rope selective_rope_copy; do
+      jobs+=("copy-gla-$p|task=copying backbone=gla pe=$p model.n_layer=4 model.d_model=512 model.n_heads=16"); done ;;
+  *) echo "unknown: $WHAT"; exit 2 ;;
 esac
+mkdir -p "$OUT" "$RUNS/$WHAT"
+pids=()
+for seed in ${SEEDS:-0}; do
+  for lr in $(echo "${LRS:-task}" | tr , ' '); do
+    for j in "${jobs[@]}"; do
+      name=${j%%|*}-s$seed; [ "$lr" != task ] && name+=-lr$lr
+      [ -n "${ONLY:-}" ] && [[ ! $name =~ $ONLY ]] && continue
+      args=(${j#*|} seed=$seed out_dir=$RUNS/$WHAT/$name resume=auto "${common[@]}")
+      [ "$lr" != task ] && args+=(optim.lr=$lr)
+      echo "$name: python train.py ${args[*]}"
+      python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+done
+fail=0
+for p in "${pids[@]}"; do wait "$p" || fail=$((fail + 1)); done
+echo "$WHAT: ${#pids[@]} jobs, $fail ended non-zero"
+python scripts/collect_sweep.py "$RUNS/$WHAT" --out "$RUNS/$WHAT" || true
+tar -czf "$OUT/$WHAT.tar.gz" --exclude=checkpoints -C "$RUNS" "$WHAT"

@@ -217,9 +217,11 @@ def _model(backbone, **pe):
 
 def test_temperature_schedules():
     torch.testing.assert_close(temperatures("rope", 16, 500000.0), rope_frequencies(16, 500000.0).float())
-    t = temperatures("tan", 16, 100.0, temp_max=2.0)
+    t = temperatures("tan", 16, 100.0, temp_max=None)  # the formula as printed (appendix A.3.1)
     assert t[0] == 0 and torch.all(t[1:] > t[:-1])
-    assert abs(t[-1].item() - 2.0 * math.tan((1 - 1 / 100) * math.pi / 2)) < 1e-5 * t[-1].item()
+    assert abs(t[-1].item() - math.tan((1 - 1 / 100) * math.pi / 2)) < 1e-5 * t[-1].item()
+    torch.testing.assert_close(temperatures("tan", 16, 100.0, temp_max=0.25), 0.25 * t / t[-1])  # the seed's code
+    torch.testing.assert_close(temperatures("rope", 16, 100.0, temp_max=0.5), 0.5 * rope_frequencies(16, 100.0).float())
     with pytest.raises(ConfigError, match="valid choices"):
         build_model({"name": "gla"}, {"name": "selective_rope", "temperature": "cosine"}, SIZE, 40)
     with pytest.raises(ConfigError, match="valid options"):
@@ -250,7 +252,7 @@ def test_constant_increments_give_rope():
     with torch.no_grad():
         for b in m.blocks:
             b.mixer.pe.weight.zero_()
-            b.mixer.pe.bias.fill_(1.0)
+            b.mixer.pe.log_bias.zero_()  # its value at init: increments e^0 = 1
     idx = torch.randint(0, 40, (2, 20))
     torch.testing.assert_close(m(idx)[0], r(idx)[0], rtol=1e-10, atol=1e-10)
 
@@ -283,3 +285,136 @@ def test_angles_depend_on_input_and_train():
     m(idx, idx)[1].backward()
     for name, p in pe.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+# the seed's released-code forms: angles from the block input through a low-rank projection; copying's skip_conv
+VARIANTS = [({"name": "gla", "short_conv": True, "expand_k": 1.0},
+             {"source": "x", "rank": 8, "bias": True, "base": 1.0}),
+            ({"name": "gla"}, {"source": "x", "rank": 8, "skip_conv": True, "temperature": "tan", "base": 1e4,
+                               "temp_max": 0.25, "phase_gate": True, "bias": True}),
+            ({"name": "transformer"}, {"source": "x", "rank": None, "weight_norm": True, "phase_gate": True}),
+            ({"name": "fox"}, {"source": "q", "rank": 6, "skip_conv": True})]
+
+
+def _variant(backbone, pe, seed=0):
+    torch.manual_seed(seed)
+    m = build_model(backbone, {"name": "selective_rope", **pe}, SIZE, 40).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m.eval()
+
+
+@pytest.mark.parametrize("backbone,pe", VARIANTS)
+def test_variants_causal_incremental_and_trained(backbone, pe):
+    m = _variant(backbone, pe)
+    idx = torch.randint(0, 40, (2, 21))
+    full, _ = m(idx)
+    cache = Cache(SIZE["n_layer"])
+    parts = [m(idx[:, :7], cache=cache)[0]] + [m(idx[:, i:i + 1], cache=cache)[0] for i in range(7, 21)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-10, atol=1e-10)
+    other = idx.clone()
+    other[:, 12:] = torch.randint(0, 40, (2, 9))
+    assert torch.equal(m(other)[0][:, :12], full[:, :12])
+    m.train()
+    m(idx, idx)[1].backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_source_x_reads_the_block_input_per_head():
+    """source=x: the angles move with x (each head's chunk L2-normalised: its scale does not matter), not with q."""
+    m = _variant({"name": "gla"}, {"source": "x", "rank": 8})
+    pe = m.blocks[0].mixer.pe
+    q = torch.randn(1, 10, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
+    x = torch.randn(1, 10, SIZE["d_model"], dtype=torch.float64)
+    a, _ = pe(q, q, x=x)
+    x2 = x.clone()
+    x2[:, :, :16] *= 3.0  # head 0's chunk scaled: the same after the per-head L2 norm
+    torch.testing.assert_close(pe(q, q, x=x2)[0], a)
+    x2[:, 2] += 1.0
+    b, _ = pe(q, q, x=x2)
+    assert torch.allclose(a[:, :2], b[:, :2]) and not torch.allclose(a[:, 5], b[:, 5])
+    with pytest.raises(ValueError, match="source=x needs the block input"):
+        pe(q, q)
+
+
+def test_skip_conv_angle_is_the_projection_itself():
+    """skip_conv: increments u_t - u_{t-1} sum to phi_t = Theta (u_t + t e^b): the angle does not accumulate u."""
+    m = _variant({"name": "gla"}, {"source": "x", "rank": 8, "skip_conv": True, "bias": True})
+    pe = m.blocks[0].mixer.pe
+    x = torch.randn(2, 9, SIZE["d_model"], dtype=torch.float64)
+    q = torch.zeros(2, 9, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
+    u = pe.up(pe.down(torch.nn.functional.normalize(x.view(2, 9, 2, 16), dim=-1).reshape(2, 9, 32))).view(2, 9, 2, -1)
+    t = torch.arange(1, 10, dtype=torch.float64)[None, :, None, None]
+    torch.testing.assert_close(pe.increments(q, x).cumsum(1), u + t * pe.log_bias.exp())
+
+
+def test_bias_starts_at_one_radian_per_token_and_low_rank_starts_small():
+    """The seed's state-tracking Selective RoPE at init: e^0 = 1 per token on every channel (base 1: temperature 1),
+    and the low-rank projection (the trunk's N(0, 0.02) init) adds only a small input-dependent part."""
+    torch.manual_seed(0)
+    m = build_model({"name": "gla", "expand_k": 1.0}, {"name": "selective_rope", "source": "x", "rank": 32,
+                                                        "bias": True, "base": 1.0}, {**SIZE, "d_model": 384, "n_heads": 12}, 40)
+    pe = m.blocks[0].mixer.pe
+    x = torch.randn(4, 50, 384)
+    dphi = pe.increments(torch.zeros(4, 50, 12, 32), x)
+    assert torch.equal(pe.theta, torch.ones(16)) and torch.equal(pe.log_bias, torch.zeros(12, 16))
+    assert (dphi - 1).abs().max() < 0.1 and (dphi - 1).abs().mean() > 1e-4
+
+
+def test_old_additive_bias_checkpoints_are_refused():
+    m = _variant({"name": "gla"}, {"bias": True})
+    sd = {k.replace("log_bias", "bias"): v for k, v in m.state_dict().items()}
+    with pytest.raises(ConfigError, match="bias was added as is; it is now e\\^b"):
+        m.load_state_dict(sd)
+
+
+def test_selective_rope_equals_figure_9():
+    """seed 004 Figure 9, written out from its listing on one shared random input: a per-head weight-normed
+    projection of q (L2-normalised for softmax attention), a short convolution, the phase gate from the L2-normalised
+    block input, the cumulative sum times the temperatures, and a rotation of *interleaved* pairs (x_2i, x_2i+1).
+    This repo rotates half-split pairs (x_i, x_i+D/2): the same rotation after a fixed permutation of channels."""
+    torch.manual_seed(0)
+    B, T, H, D, d = 2, 13, 3, 8, 24
+    q, k = torch.randn(B, T, H, D, dtype=torch.float64), torch.randn(B, T, H, D, dtype=torch.float64)
+    x = torch.randn(B, T, d, dtype=torch.float64)
+    V = torch.randn(H, D, D // 2, dtype=torch.float64)  # Figure 9's ChunkedLinear weight [heads, in, out]
+    s = torch.rand(H, dtype=torch.float64) + 0.5  # its per-head scalar
+    conv_w = torch.randn(H * D // 2, 4, dtype=torch.float64)  # depthwise, [channels, taps], taps[-1] = current
+    Wg, bg = torch.randn(H, d, dtype=torch.float64), torch.randn(H, dtype=torch.float64)
+    theta = temperatures("rope", D, 100.0).double()
+
+    # --- Figure 9 (interleaved pairs), from its equations
+    perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])  # interleaved -> half-split order
+    qi, ki = q[..., perm.argsort()], k[..., perm.argsort()]  # the same vectors, stored interleaved
+    qn = qi / qi.norm(dim=-1, keepdim=True)
+    W = s[:, None, None] * V / V.norm(dim=-2, keepdim=True)
+    phi = torch.einsum("bthi,hio->btho", qn, W).reshape(B, T, -1)
+    pad = torch.cat([torch.zeros(B, 3, H * D // 2, dtype=torch.float64), phi], 1)
+    phi = sum(pad[:, 3 - j:3 - j + T] * conv_w[:, 3 - j] for j in range(4)).view(B, T, H, D // 2)
+    xn = x / x.norm(dim=-1, keepdim=True)
+    phi = phi * torch.sigmoid(xn @ Wg.T + bg)[..., None]
+    ang = theta * phi.cumsum(1)
+    def rot(v):  # noqa: E306
+        a, b = v[..., 0::2], v[..., 1::2]
+        return torch.stack([a * ang.cos() - b * ang.sin(), b * ang.cos() + a * ang.sin()], -1).flatten(-2)
+    want_q, want_k = rot(qi), rot(ki)
+
+    # --- this repo's module with the same weights
+    m = build_model({"name": "transformer"}, {"name": "selective_rope", "source": "q", "rank": None,
+                                              "weight_norm": True, "phase_gate": True, "base": 100.0},
+                    {**SIZE, "d_model": d, "n_heads": H}, 40).double()
+    pe = m.blocks[0].mixer.pe
+    assert pe.normalize_q and pe.weight.shape == (H, D // 2, D)
+    with torch.no_grad():
+        pe.weight.copy_(V.transpose(1, 2)[..., perm])  # [out, in], its input channels in half-split order
+        pe.gain.copy_(s[:, None].expand(H, D // 2))
+        pe.conv.weight.copy_(conv_w[:, None])
+        pe.gate.weight.copy_(Wg)
+        pe.gate.bias.copy_(bg)
+    got_q, got_k = pe(q, k, x=x)
+    # tolerance: l2norm's eps (1e-6 under the square root) against the exact norm above
+    torch.testing.assert_close(got_q, want_q[..., perm], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_k, want_k[..., perm], rtol=1e-6, atol=1e-6)
+    assert (got_q - q).abs().max() > 0.1  # it did rotate

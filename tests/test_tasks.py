@@ -118,11 +118,27 @@ def test_state_tracking_labels_match_permutation_products(group, order):
         assert (s == np.cumsum(x, 1) % 2).all()  # parity of the number of swaps
 
 
+def test_parity_data_labels_are_the_running_parity():
+    """What train.py reads: <bos> x_1..x_T, targets -1, then (x_1 + .. + x_t) mod 2, for training and test sets."""
+    t = build("parity")
+    for x, y in ((t.train.inputs, t.train.targets), (t.evals[0].inputs, t.evals[0].targets)):
+        bits = x[:, 1:].astype(np.int64)
+        assert set(np.unique(bits)) == {0, 1} and (y[:, 0] == -1).all()
+        assert (y[:, 1:] == np.cumsum(bits, 1) % 2).all()
+    xb, yb = t.train.batch(range(5))  # through the epoch order: rows stay intact
+    assert (yb[:, 1:] == torch.cumsum(xb[:, 1:], 1) % 2).all()
+
+
 def test_state_tracking_configs():
     for name, group in (("parity", "S2"), ("a3", "A3"), ("s3", "S3")):
-        t = build(name)
-        assert t.train.inputs.shape == (64, 128) and t.evals[0].inputs.shape == (16, 512)
-        assert t.evals[0].per_position and len(t.symbols) == len(state_tracking.elements(group))
+        t = build(name)  # a <bos> first (the seed's code), not scored
+        assert t.train.inputs.shape == (64, 129) and t.evals[0].inputs.shape == (16, 513) and t.seq_len == 129
+        assert t.evals[0].per_position and t.evals[0].first == 1 and t.train_len == 128
+        assert t.symbols == [*("".join(map(str, p)) for p in state_tracking.elements(group)), "<bos>"]
+        for x, y in ((t.train.inputs, t.train.targets), (t.evals[0].inputs, t.evals[0].targets)):
+            assert (x[:, 0] == len(t.symbols) - 1).all() and (y[:, 0] == -1).all() and (x[:, 1:] < len(t.symbols) - 1).all()
+        t = build(name, bos=False)
+        assert t.train.inputs.shape == (64, 128) and t.evals[0].first == 0 and len(t.symbols) == len(state_tracking.elements(group))
     with pytest.raises(ConfigError, match="valid choices"):
         tasks.build({"name": "state_tracking", "group": "S4"})
     with pytest.raises(ConfigError, match="unknown option"):
@@ -216,14 +232,24 @@ def _oracle(task, bad=lambda pos: torch.zeros_like(pos, dtype=torch.bool)):
 
 
 def test_evaluate_curves():
-    t = build("parity")
+    t = build("parity")  # position 0 is <bos>: position p is the prefix of length p
     m = tasks.evaluate(_oracle(t), t, 8, "cpu")
     assert m["val_acc"] == 1.0 and m["val_acc_extrap"] == 1.0 and sorted(m["curve"]) == list(range(1, 513))
-    m = tasks.evaluate(_oracle(t, bad=lambda pos: pos >= 200), t, 8, "cpu")  # wrong from prefix length 201 on
+    assert m["val_seq_acc"] == 1.0 and m["val_seq_acc_extrap"] == 1.0 and tasks.headline(m) == 1.0
+    m = tasks.evaluate(_oracle(t, bad=lambda pos: pos >= 201), t, 8, "cpu")  # wrong from prefix length 201 on
     assert m["val_acc"] == 1.0 and m["curve"][200] == 1.0 and m["curve"][201] == 0.0
     assert m["val_acc_extrap"] == pytest.approx(72 / 384)
+    assert m["curve_seq"][200] == 1.0 and m["curve_seq"][512] == 0.0 and m["val_seq_acc_extrap"] == 0.0
     pts = tasks.log_points(m["curve"], 128)
     assert list(pts) == [f"val_acc@{n}" for n in range(64, 513, 64)] and pts["val_acc@192"] == 1.0
+    # one wrong position: per position it is one dip; "every position up to L right" stays wrong after it
+    m = tasks.evaluate(_oracle(t, bad=lambda pos: pos == 100), t, 8, "cpu")
+    assert m["curve"][100] == 0.0 and m["curve"][101] == 1.0 and m["val_acc"] == pytest.approx(127 / 128)
+    assert m["curve_seq"][99] == 1.0 and m["curve_seq"][100] == 0.0 and m["curve_seq"][512] == 0.0
+    assert m["val_seq_acc"] == 0.0 and tasks.headline(m) == 0.0
+    t = build("parity", bos=False)  # without <bos>: position p is the prefix of length p + 1
+    m = tasks.evaluate(_oracle(t, bad=lambda pos: pos == 100), t, 8, "cpu")
+    assert m["curve"][101] == 0.0 and m["curve"][100] == 1.0 and sorted(m["curve"]) == list(range(1, 513))
     t = build("copying", eval_lengths=[8, 100])  # exact match: one wrong token fails the whole string
     m = tasks.evaluate(_oracle(t, bad=lambda pos: pos == 150), t, 8, "cpu")
     assert m["curve"] == {8: 1.0, 100: 0.0} and m["val_acc"] == 1.0 and m["val_acc_extrap"] == 0.0
@@ -293,7 +319,7 @@ def test_sweep_then_collect(tmp_path):
     """`python train.py -m sweep=parity` (made tiny) and scripts/collect_sweep.py's table, CSV and figure."""
     tiny = ["train.steps=3", "data.train_examples=64", "data.test_examples=8", "model.d_model=32",
             "train.batch_size=8", "train.micro_batch=8", "logger.mode=disabled", "train.progress=false",
-            "train.device=cpu", "data.eval_len=160"]
+            "train.device=cpu", "data.eval_len=160", "model.n_heads=2", "seed=0"]
     r = subprocess.run([sys.executable, "train.py", "-m", "sweep=parity", "backbone=gla", "pe=nope,selective_rope",
                         "optim.lr=1e-3,3e-3", f"hydra.sweep.dir={tmp_path}/sw", *tiny], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
@@ -305,4 +331,32 @@ def test_sweep_then_collect(tmp_path):
     table = (tmp_path / "sw" / "results.md").read_text()
     assert "| gla + nope |" in table and "| gla + selective_rope |" in table and "(lr " in table
     assert (tmp_path / "sw" / "results.png").stat().st_size > 1000
+    assert (tmp_path / "sw" / "results_training.png").stat().st_size > 1000
     assert len((tmp_path / "sw" / "results.csv").read_text().splitlines()) == 3
+
+
+def test_without_bos_one_layer_gla_cannot_tell_11_from_1():
+    """Why every S2 run without <bos> scored 0.763 at prefix length 2: a 1-layer GLA whose values depend on the
+    current token alone holds only v(1) in its state after "1" and after "1 1", so its per-head-normalised output
+    (and so the logits) are the same for both, though their parities differ; the test set's share of (1, 1)
+    prefixes is 0.237. A <bos> (whose value is also in the state) or GLA's short convolutions tell them apart."""
+    from model import build_model
+    x, _ = state_tracking.generate(tasks.rng_for(0, "test"), 2000, 512, "S2")  # the default test set
+    assert ((x[:, 0] == 1) & (x[:, 1] == 1)).mean() == pytest.approx(0.237)
+
+    def last_logits(backbone, seq):
+        torch.manual_seed(0)
+        m = build_model(backbone, {"name": "nope"}, {"n_layer": 1, "d_model": 32, "n_heads": 2, "seq_len": 8}, 3)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(20)  # outputs far above the norm's eps
+            m.blocks[0].mixer.g_up.bias.fill_(30.0)  # forget gate ~ 1: a decay cannot tell the counts apart either
+        return m.double()(torch.tensor([seq]))[0][0, -1]
+
+    BOS = 2
+    torch.testing.assert_close(last_logits({"name": "gla"}, [1, 1]), last_logits({"name": "gla"}, [1]),
+                               rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(last_logits({"name": "gla"}, [BOS, 1, 1]), last_logits({"name": "gla"}, [BOS, 1]),
+                              rtol=1e-3, atol=1e-3)
+    conv = {"name": "gla", "short_conv": True}
+    assert not torch.allclose(last_logits(conv, [1, 1]), last_logits(conv, [1]), rtol=1e-3, atol=1e-3)

@@ -34,7 +34,8 @@ class EvalSet:
     inputs: np.ndarray  # [n, T]
     targets: np.ndarray  # [n, T], -1: no loss, not scored
     length: int  # the x of this set on the accuracy-vs-length curve (copying: string length; MQAR: sequence length)
-    per_position: bool = False  # state tracking: position t is the prefix of length t + 1, one curve point each
+    per_position: bool = False  # state tracking: position first + t - 1 is the prefix of length t, one point each
+    first: int = 0  # per_position: tokens before the first scored position (a <bos>)
     exact: bool = False  # copying: an example is right only if every scored token is
 
 
@@ -113,13 +114,16 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
     """Loss and accuracy on every eval set (examples split across ranks, summed with all_reduce).
 
     Returns val_loss, val_acc (lengths <= train_len), val_acc_extrap (lengths > train_len, if any) and
-    curve {length: accuracy}."""
+    curve {length: accuracy}. Per-position sets (state tracking) also give the seed's sequence accuracy:
+    curve_seq {L: share of sequences right at every position up to L}, val_seq_acc (L = train_len) and
+    val_seq_acc_extrap (L = the longest evaluated)."""
     was_training = model.training
     model.eval()
     autocast = autocast or nullcontext()
-    points = sorted({p for s in task.evals for p in (range(1, s.inputs.shape[1] + 1) if s.per_position else [s.length])})
+    points = sorted({p for s in task.evals
+                     for p in (range(1, s.inputs.shape[1] - s.first + 1) if s.per_position else [s.length])})
     col = {p: i for i, p in enumerate(points)}
-    tally = torch.zeros(len(points), 2, dtype=torch.float64, device=device)  # [right, total] per curve point
+    tally = torch.zeros(len(points), 3, dtype=torch.float64, device=device)  # [right, total, sequences right so far]
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of token losses, scored tokens]
     for s in task.evals:
         ids = np.arange(len(s.inputs))[rank::world]
@@ -135,14 +139,17 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
             loss_sum[1] += mask.sum()
             right = (logits.argmax(-1) == y) & mask
             if s.per_position:
-                idx = torch.tensor([col[p] for p in range(1, y.shape[1] + 1)], device=device)
+                right, mask = right[:, s.first:], mask[:, s.first:]
+                idx = torch.tensor([col[p] for p in range(1, y.shape[1] - s.first + 1)], device=device)
+                all_right = (right | ~mask).cumprod(1)  # every scored position up to here right
                 tally[:, 0].index_add_(0, idx, right.sum(0).double())
                 tally[:, 1].index_add_(0, idx, mask.sum(0).double())
+                tally[:, 2].index_add_(0, idx, (all_right & mask).sum(0).double())
             elif s.exact:
                 ok = (right.sum(1) == mask.sum(1)) & (mask.sum(1) > 0)
-                tally[col[s.length]] += torch.stack([ok.sum(), torch.tensor(len(b), device=device)]).double()
+                tally[col[s.length], :2] += torch.stack([ok.sum(), torch.tensor(len(b), device=device)]).double()
             else:
-                tally[col[s.length]] += torch.stack([right.sum(), mask.sum()]).double()
+                tally[col[s.length], :2] += torch.stack([right.sum(), mask.sum()]).double()
     if world > 1:
         import torch.distributed as dist
         dist.all_reduce(tally)
@@ -158,8 +165,23 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
            "val_acc": float(tally[inside, 0].sum() / max(tally[inside, 1].sum(), 1)) if inside.any() else None}
     if outside.any():
         out["val_acc_extrap"] = float(tally[outside, 0].sum() / tally[outside, 1].sum())
+    if any(s.per_position for s in task.evals):
+        seq = {p: float(tally[i, 2] / tally[i, 1]) for i, p in enumerate(points) if keep[i]}
+        out["val_seq_acc"] = seq.get(task.train_len, seq[max(seq)])
+        if max(seq) > task.train_len:
+            out["val_seq_acc_extrap"] = seq[max(seq)]
+        out["curve_seq"] = seq
     out["curve"] = curve
     return out
+
+
+def headline(m: dict) -> float | None:
+    """The accuracy that `train.stop_acc` compares: the longest evaluated sequences all right (state tracking, as
+    the seed's code stops), else accuracy beyond the training length, else up to it."""
+    for key in ("val_seq_acc_extrap", "val_seq_acc", "val_acc_extrap", "val_acc"):
+        if m.get(key) is not None:
+            return m[key]
+    return None
 
 
 def log_points(curve: dict, train_len: int) -> dict:
@@ -193,6 +215,11 @@ def draw_curves(ax, curves: dict, train_len: int | None, unit: str, title: str =
     ax.legend(fontsize=7)
 
 
+def labelled_curves(label: str, m: dict) -> dict:
+    """The curves of one evaluation for draw_curves: per position, and (state tracking) every position up to L right."""
+    return {label: m["curve"], **({f"{label}, all right to L": m["curve_seq"]} if "curve_seq" in m else {})}
+
+
 def plot_curves(curves: dict, path, train_len: int | None, unit: str, title: str = "") -> None:
     """One figure of draw_curves (task_eval.json holds the numbers when matplotlib is missing)."""
     from evals.plots import save_figure
@@ -203,7 +230,9 @@ def summary(m: dict, task: TaskData) -> str:
     """`loss L | acc A | acc beyond N B`: the line train.py and eval.py print after an evaluation."""
     acc = f"{m['val_acc']:.4f}" if m["val_acc"] is not None else "-"
     extrap = f" | acc beyond {task.train_len} {m['val_acc_extrap']:.4f}" if "val_acc_extrap" in m else ""
-    return f"val loss {m['val_loss']:.4f} | acc {acc}{extrap}"
+    seq = "".join(f" | all right to {L} {m[k]:.4f}" for k, L in
+                  (("val_seq_acc", task.train_len), ("val_seq_acc_extrap", max(m.get("curve_seq") or [0]))) if k in m)
+    return f"val loss {m['val_loss']:.4f} | acc {acc}{extrap}{seq}"
 
 
 def write_result(path, result: dict) -> None:

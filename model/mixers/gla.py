@@ -2,6 +2,8 @@
 
     q, k = x W_q, x W_k                  (key dim per head D_k = expand_k * d_model / H)
     v    = x W_v                         (value dim per head D_v = expand_v * d_model / H)
+    q, k, v = silu(conv(q)), ...         optional (short_conv): causal depthwise convolutions, kernel 4, as FLA's
+                                         GLA layer with use_short_conv (seed 004's state-tracking model)
     g_t  = logsigmoid(x W_1 W_2 + b) / tau     low rank r, normaliser tau = 16: log alpha_t, in (-inf, 0)^{D_k}
     S_t  = diag(alpha_t) S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(D_k)          (kernels/recurrences.py)
     y    = W_o [RMSNorm(o_t) * silu(x W_r)]          (W_q, W_k, W_v, W_1, W_r: one matmul)
@@ -12,12 +14,13 @@ A rotary scheme rotates q and k (GLA + RoPE / Selective RoPE). The incremental f
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from kernels.recurrences import gated, gated_recurrent
 
 from .base import Mixer, register
-from .layers import GatedOutput, LowRankGate
+from .layers import GatedOutput, LowRankGate, ShortConv
 
 
 @register("gla")
@@ -26,7 +29,8 @@ class GLA(Mixer):
     packed_schemes = ("nope", "rope")
 
     def __init__(self, d_model, n_heads, pe=None, *, expand_k: float = 0.5, expand_v: float = 1.0,
-                 gate_low_rank: int = 16, gate_normalizer: float = 16.0, output_gate: bool = True):
+                 gate_low_rank: int = 16, gate_normalizer: float = 16.0, output_gate: bool = True,
+                 short_conv: bool = False, conv_size: int = 4):
         super().__init__(d_model, n_heads, pe)
         self.dk, self.dv = int(d_model * expand_k) // n_heads, int(d_model * expand_v) // n_heads
         if self.dk < 1 or self.dv < 1:
@@ -38,11 +42,15 @@ class GLA(Mixer):
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
         self.g_up = LowRankGate(gate_low_rank, H, self.dk, gate_normalizer)  # W_2, b
         self.out = GatedOutput(d_model, H, self.dv)
+        # depthwise, so one convolution over [q | k | v] is the three of FLA's layer
+        self.conv = ShortConv(H * (2 * self.dk + self.dv), conv_size) if short_conv else None
 
     def forward(self, x, cache=None, cu_seqlens=None):
         B, T, _ = x.shape
         H = self.n_heads
         q, k, v, g_low, gate = self.in_proj(x).split(self.sizes, -1)
+        if self.conv is not None:
+            q, k, v = self.conv(torch.cat([q, k, v], -1), cache, "conv", cu_seqlens).split(self.sizes[:3], -1)
         q, k, v = q.view(B, T, H, self.dk), k.view(B, T, H, self.dk), v.view(B, T, H, self.dv)
         g = self.g_up(g_low)
         offset = 0 if cache is None else cache.get("offset", 0)

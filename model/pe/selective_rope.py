@@ -1,22 +1,28 @@
 """Selective RoPE (seed 004): rotary angles that depend on the input.
 
-Per head h, with q_t the mixer's query (L2-normalised first when the mixer is softmax attention, `normalize_q`):
+Per head h, from a source vector a_t,h (`source`):
+    x:  the block input x_t split into H chunks, each L2-normalised (the seed's released code, every experiment)
+    q:  the mixer's query, L2-normalised first when the mixer is softmax attention (`normalize_q`; Figure 9's listing)
 
-    u_t      = W_h q_t                        W_h: [D/2, D] per head (weight norm: W = g V / ||V||_row)
-    dphi_t   = conv(u)_t (+ b)                causal depthwise convolution over time, kernel `conv_size`, no activation
+    u_t      = W a_t                          rank r: W = W_up W_down over all heads' sources (d_in H -> r -> H D/2)
+                                              rank null: one [D/2, d_in] matrix per head (weight norm: W = g V/||V||)
+    dphi_t   = conv(u)_t                      causal depthwise convolution over time, kernel `conv_size`
+               (skip_conv: u_t - u_{t-1}, so the angle below is u_t itself and does not accumulate)
+    dphi_t  += e^b                            optional bias b per head and channel, 0 at init: +1 per token
     dphi_t  *= sigmoid(w_h . x_t/||x_t|| + c_h)        optional phase gate from the block input x
     phi_t    = Theta * sum_{s <= t} dphi_s    Theta: per-channel temperatures
     q_t, k_t = rot(q_t, phi_t), rot(k_t, phi_t)        GPT-NeoX half-split pairs (kernels/rotary.py)
 
 so <q_t, k_s> sees R(phi_t - phi_s): the rotation accumulated between s and t, a unitary and now selective
 transition (the linear-attention dual is S_t = S_{t-1} exp(i Theta dphi_t) + v_t k_t^H, seed 004 eq. 12-13).
-Constant increments dphi = 1 give RoPE back. Temperatures (appendix A.3.1), eps = 1 / base:
-    rope:  Theta_i = eps^(2i/D)                                 (RoPE's frequencies, base 500000 by default)
-    tan:   Theta_i = tan(phi_i / 2), phi = linspace(0, (1 - eps) pi, D/2)   (largest ~ 2 base / pi: pick a small base)
-each times `temp_max`, and learnable when `learn_temperature`.
+Constant increments dphi = 1 give RoPE back (a zero W with the bias at init). Temperatures (appendix A.3.1),
+eps = 1 / base, the largest one scaled to `temp_max` (as the seed's code does; null: the formula as printed):
+    rope:  Theta_i = eps^(2i/D)                                 (RoPE's frequencies; base 1: every channel 1)
+    tan:   Theta_i = tan(phi_i / 2), phi = linspace(0, (1 - eps) pi, D/2)
+learnable when `learn_temperature`. The low-rank projection is two nn.Linear layers, so the trunk gives them its
+N(0, 0.02) init (as the seed's Hugging Face models do): at init the angles barely depend on the input.
 
-The bias b is a learnable constant increment per head and channel (zero at init): a learned RoPE frequency added to
-the selective part. The decoding cache holds the convolution's last inputs and the raw running angle Phi_t.
+The decoding cache holds the convolution's last inputs (or u_{t-1} with skip_conv) and the raw running angle Phi_t.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from .base import AccumulatedRotation, ConfigError, register
 TEMPERATURES = ("rope", "tan")
 
 
-def temperatures(schedule: str, dim: int, base: float, temp_max: float = 1.0) -> torch.Tensor:
-    """Theta [dim/2] for the `rope` or `tan` schedule (seed 004, appendix A.3.1)."""
+def temperatures(schedule: str, dim: int, base: float, temp_max: float | None = 1.0) -> torch.Tensor:
+    """Theta [dim/2] for the `rope` or `tan` schedule (seed 004, appendix A.3.1), the largest scaled to temp_max."""
     if schedule == "rope":
         theta = rope_frequencies(dim, base)
     elif schedule == "tan":
@@ -44,40 +50,62 @@ def temperatures(schedule: str, dim: int, base: float, temp_max: float = 1.0) ->
         theta = torch.tan(phi / 2)
     else:
         raise ConfigError(f"pe=selective_rope: temperature={schedule!r}; valid choices: {list(TEMPERATURES)}")
-    return (temp_max * theta).float()
+    if temp_max is not None:
+        theta = temp_max * theta / theta.max()
+    return theta.float()
+
+
+SOURCES = ("x", "q")
 
 
 @register("selective_rope")
 class SelectiveRoPE(AccumulatedRotation):
 
-    def __init__(self, dims, *, conv_size: int = 4, phase_gate: bool = False, bias: bool = False,
-                 weight_norm: bool = False, temperature: str = "rope", base: float = 500000.0,
-                 temp_max: float = 1.0, learn_temperature: bool = False, normalize_q: bool | None = None):
+    # defaults: Figure 9's form (source q, a full projection per head), which checkpoints written before `source`
+    # and `rank` existed used; conf/pe/selective_rope.yaml sets the seed's released code's (x, rank 32)
+    def __init__(self, dims, *, source: str = "q", rank: int | None = None, conv_size: int = 4,
+                 skip_conv: bool = False, phase_gate: bool = False, bias: bool = False, weight_norm: bool = False,
+                 temperature: str = "rope", base: float = 500000.0, temp_max: float | None = 1.0,
+                 learn_temperature: bool = False, normalize_q: bool | None = None):
         super().__init__(dims)
         if temperature not in TEMPERATURES:
             raise ConfigError(f"pe=selective_rope: temperature={temperature!r}; valid choices: {list(TEMPERATURES)}")
+        if source not in SOURCES:
+            raise ConfigError(f"pe=selective_rope: source={source!r}; valid choices: {list(SOURCES)}")
+        if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1):
+            raise ConfigError(f"pe=selective_rope: rank must be a positive integer or null, got {rank!r}")
+        if weight_norm and rank is not None:
+            raise ConfigError("pe=selective_rope: weight_norm applies to the per-head projection (rank=null)")
         if not (isinstance(conv_size, int) and conv_size >= 1):
             raise ConfigError(f"pe=selective_rope: conv_size must be a positive integer, got {conv_size!r}")
+        if temp_max is not None and not temp_max > 0:
+            raise ConfigError(f"pe=selective_rope: temp_max must be > 0 or null, got {temp_max!r}")
         # base 1 with the rope schedule: every channel at temperature 1 (the paper's state-tracking setting); the tan
         # schedule's angles span (0, (1 - 1/base) pi), which base 1 collapses to zero
         if not (base > 1 or (base == 1 and temperature == "rope")):
             raise ConfigError(f"pe=selective_rope: base must be >= 1 with temperature=rope and > 1 with tan "
                               f"(eps = 1/base), got base={base} with temperature={temperature}")
-        self.opts = dict(conv_size=conv_size, phase_gate=phase_gate, bias=bias, weight_norm=weight_norm,
-                         temperature=temperature, base=base, temp_max=temp_max,
+        self.opts = dict(source=source, rank=rank, conv_size=conv_size, skip_conv=skip_conv, phase_gate=phase_gate,
+                         bias=bias, weight_norm=weight_norm, temperature=temperature, base=base, temp_max=temp_max,
                          learn_temperature=learn_temperature, normalize_q=normalize_q)
 
     def bind(self, mixer) -> None:
         o, H, D = self.opts, mixer.n_heads, mixer.qk_head_dim
         if D % 2:
             raise ConfigError(f"pe=selective_rope rotates channel pairs: the q/k head size {D} must be even")
-        self.n_heads, self.half = H, D // 2
+        self.n_heads, self.half, self.source = H, D // 2, o["source"]
+        self.d_in = D if o["source"] == "q" else mixer.d_model // H
         self.normalize_q = mixer.softmax if o["normalize_q"] is None else bool(o["normalize_q"])
-        # per-head projection q_h -> u_h (random init of unit gain: it is not a residual-stream linear)
-        self.weight = nn.Parameter(torch.randn(H, D // 2, D) / math.sqrt(D))
-        self.gain = nn.Parameter(self.weight.detach().norm(dim=-1).clone()) if o["weight_norm"] else None
-        self.conv = ShortConv(H * (D // 2), o["conv_size"], activation=False)
-        self.bias = nn.Parameter(torch.zeros(H, D // 2)) if o["bias"] else None
+        if o["rank"] is None:  # per head: a_h -> u_h (random init of unit gain: not a residual-stream linear)
+            self.weight = nn.Parameter(torch.randn(H, D // 2, self.d_in) / math.sqrt(self.d_in))
+            self.gain = nn.Parameter(self.weight.detach().norm(dim=-1).clone()) if o["weight_norm"] else None
+        else:  # across heads through a bottleneck; nn.Linear: the trunk's N(0, 0.02) init
+            self.down = nn.Linear(H * self.d_in, o["rank"], bias=False)
+            self.up = nn.Linear(o["rank"], H * (D // 2), bias=False)
+        self.skip_conv = o["skip_conv"]
+        self.conv = None if o["skip_conv"] else ShortConv(H * (D // 2), o["conv_size"], activation=False)
+        # the increment's bias is e^b (b = 0: +1 per token, RoPE's step), as the seed's code adds it
+        self.log_bias = nn.Parameter(torch.zeros(H, D // 2)) if o["bias"] else None
         self.gate = nn.Linear(mixer.d_model, H, bias=True) if o["phase_gate"] else None
         theta = temperatures(o["temperature"], D, o["base"], o["temp_max"])
         if o["learn_temperature"]:
@@ -85,20 +113,41 @@ class SelectiveRoPE(AccumulatedRotation):
         else:
             self.register_buffer("theta", theta, persistent=True)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if prefix + "bias" in state_dict:  # written before the bias became e^b (2026-11-24)
+            raise ConfigError(f"{prefix}bias: this checkpoint's Selective RoPE bias was added as is; it is now e^b "
+                              "(as the seed's code), so the checkpoint cannot be loaded: retrain with pe.bias=true")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def increments(self, q, x, cache=None):
         """dphi [B, T, H, D/2] before the temperature."""
-        B, T, H, D = q.shape
-        w = self.weight
-        if self.gain is not None:
-            w = self.gain[..., None] * w / w.norm(dim=-1, keepdim=True)
-        src = l2norm(q) if self.normalize_q else q
-        u = torch.einsum("bthd,hed->bthe", src, w.to(src.dtype))
-        u = self.conv(u.reshape(B, T, H * self.half), cache, "conv").view(B, T, H, self.half)
-        if self.bias is not None:
-            u = u + self.bias.to(u.dtype)
+        B, T, H, _ = q.shape
+        if self.source == "q":
+            src = l2norm(q) if self.normalize_q else q
+        else:
+            if x is None:
+                raise ValueError("pe=selective_rope with source=x needs the block input x")
+            src = l2norm(x.view(B, T, H, self.d_in))
+        if hasattr(self, "up"):
+            u = self.up(self.down(src.reshape(B, T, H * self.d_in)))
+        else:
+            w = self.weight
+            if self.gain is not None:
+                w = self.gain[..., None] * w / w.norm(dim=-1, keepdim=True)
+            u = torch.einsum("bthd,hed->bthe", src, w.to(src.dtype)).reshape(B, T, H * self.half)
+        if self.skip_conv:  # u_t - u_{t-1}: the cumulative sum below gives u_t back
+            prev = cache.get("u") if cache is not None else None
+            prev = torch.zeros_like(u[:, :1]) if prev is None else prev
+            if cache is not None:
+                cache["u"] = u[:, -1:]
+            u = u - torch.cat([prev, u[:, :-1]], 1)
+        else:
+            u = self.conv(u, cache, "conv")
+        u = u.view(B, T, H, self.half)
+        if self.log_bias is not None:
+            u = u + self.log_bias.exp().to(u.dtype)
         if self.gate is not None:
             if x is None:
                 raise ValueError("pe=selective_rope with phase_gate needs the block input x")
             u = u * torch.sigmoid(self.gate(F.normalize(x, dim=-1)))[..., None].to(u.dtype)
         return u
-
