@@ -58,12 +58,10 @@ def check_config(cfg, world: int = 1) -> dict:
     for key, value in (("optim.lr", o.lr), *((f"train.{k}", t[k]) for k in ("tokens", "epochs") if t.get(k) is not None)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key}={value!r}: a number >= 0")
-    if t.get("time_limit") is not None and (isinstance(t.time_limit, bool) or not isinstance(t.time_limit, (int, float))
-                                            or t.time_limit <= 0):
-        raise ConfigError(f"train.time_limit={t.time_limit!r}: seconds > 0, or null")
-    if t.get("stop_acc") is not None and (isinstance(t.stop_acc, bool) or not isinstance(t.stop_acc, (int, float))
-                                          or not 0 < t.stop_acc <= 1):
-        raise ConfigError(f"train.stop_acc={t.stop_acc!r}: an accuracy in (0, 1], or null")
+    for key, hi, what in (("time_limit", math.inf, "seconds > 0"), ("stop_acc", 1, "an accuracy in (0, 1]")):
+        v = t.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi):
+            raise ConfigError(f"train.{key}={v!r}: {what}, or null")
     if o.lr == 0:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
@@ -824,10 +822,11 @@ def _run(cfg, held: list) -> dict:
                 bar.write(f"step {done:6d} | {tasks.summary(m, task)}")
             result.update(m)
             t_last = time.perf_counter()
-            if t.get("stop_acc") is not None and done < steps and tasks.headline(m) >= t.stop_acc:
-                if master:  # the seed's code stops at 0.99; every rank computed the same all-reduced number
-                    bar.write(f"step {done:6d} | accuracy {tasks.headline(m):.4f} >= train.stop_acc={t.stop_acc}: stopping")
-                checkpoint(done, tasks.headline(m))
+            acc = tasks.headline(m)  # every rank computed the same all-reduced number
+            if t.get("stop_acc") is not None and done < steps and acc >= t.stop_acc:
+                if master:  # the seed's code stops at 0.99
+                    bar.write(f"step {done:6d} | accuracy {acc:.4f} >= train.stop_acc={t.stop_acc}: stopping")
+                checkpoint(done, acc)
                 steps = done
                 break
         elif done % t.eval_interval == 0 or done == steps:

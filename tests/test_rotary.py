@@ -207,8 +207,10 @@ ALL_FLAGS = {"phase_gate": True, "bias": True, "weight_norm": True, "learn_tempe
 
 
 def _model(backbone, **pe):
+    """backbone: a name or a backbone config dict."""
     torch.manual_seed(0)
-    m = build_model({"name": backbone}, {"name": "selective_rope", **pe}, SIZE, 40).double()
+    backbone = backbone if isinstance(backbone, dict) else {"name": backbone}
+    m = build_model(backbone, {"name": "selective_rope", **pe}, SIZE, 40).double()
     with torch.no_grad():  # zero-initialised biases would hide their paths
         for p in m.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -296,18 +298,9 @@ VARIANTS = [({"name": "gla", "short_conv": True, "expand_k": 1.0},
             ({"name": "fox"}, {"source": "q", "rank": 6, "skip_conv": True})]
 
 
-def _variant(backbone, pe, seed=0):
-    torch.manual_seed(seed)
-    m = build_model(backbone, {"name": "selective_rope", **pe}, SIZE, 40).double()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return m.eval()
-
-
 @pytest.mark.parametrize("backbone,pe", VARIANTS)
 def test_variants_causal_incremental_and_trained(backbone, pe):
-    m = _variant(backbone, pe)
+    m = _model(backbone, **pe)
     idx = torch.randint(0, 40, (2, 21))
     full, _ = m(idx)
     cache = Cache(SIZE["n_layer"])
@@ -324,7 +317,7 @@ def test_variants_causal_incremental_and_trained(backbone, pe):
 
 def test_source_x_reads_the_block_input_per_head():
     """source=x: the angles move with x (each head's chunk L2-normalised: its scale does not matter), not with q."""
-    m = _variant({"name": "gla"}, {"source": "x", "rank": 8})
+    m = _model("gla", source="x", rank=8)
     pe = m.blocks[0].mixer.pe
     q = torch.randn(1, 10, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
     x = torch.randn(1, 10, SIZE["d_model"], dtype=torch.float64)
@@ -341,7 +334,7 @@ def test_source_x_reads_the_block_input_per_head():
 
 def test_skip_conv_angle_is_the_projection_itself():
     """skip_conv: increments u_t - u_{t-1} sum to phi_t = Theta (u_t + t e^b): the angle does not accumulate u."""
-    m = _variant({"name": "gla"}, {"source": "x", "rank": 8, "skip_conv": True, "bias": True})
+    m = _model("gla", source="x", rank=8, skip_conv=True, bias=True)
     pe = m.blocks[0].mixer.pe
     x = torch.randn(2, 9, SIZE["d_model"], dtype=torch.float64)
     q = torch.zeros(2, 9, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
@@ -364,7 +357,7 @@ def test_bias_starts_at_one_radian_per_token_and_low_rank_starts_small():
 
 
 def test_old_additive_bias_checkpoints_are_refused():
-    m = _variant({"name": "gla"}, {"bias": True})
+    m = _model("gla", bias=True)
     sd = {k.replace("log_bias", "bias"): v for k, v in m.state_dict().items()}
     with pytest.raises(ConfigError, match="bias was added as is; it is now e\\^b"):
         m.load_state_dict(sd)

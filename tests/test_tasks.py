@@ -360,3 +360,38 @@ def test_without_bos_one_layer_gla_cannot_tell_11_from_1():
                               rtol=1e-3, atol=1e-3)
     conv = {"name": "gla", "short_conv": True}
     assert not torch.allclose(last_logits(conv, [1, 1]), last_logits(conv, [1]), rtol=1e-3, atol=1e-3)
+
+
+def _st_run(tmp_path, *extra):
+    """A tiny parity run through train.run: 4-token sequences (no <bos>), evaluated at the same length."""
+    import train as train_lib
+    return train_lib.run(compose([
+        "task=state_tracking", "backbone=gla", "pe=nope", f"out_dir={tmp_path}", "data.bos=false", "data.seq_len=4",
+        "data.eval_len=4", "data.train_examples=256", "data.test_examples=64", "model.d_model=32", "model.n_heads=2",
+        "train.batch_size=16", "train.micro_batch=16", "train.epochs=null", "train.steps=12", "train.eval_interval=4",
+        "train.log_interval=2", "train.ckpt_interval=100", "train.progress=false", "logger.mode=disabled",
+        "train.device=cpu", *extra]))
+
+
+def test_stop_acc_stops_checkpoints_and_stays_stopped(tmp_path):
+    r = _st_run(tmp_path, "train.stop_acc=1e-9")  # any accuracy above 0 stops at the first evaluation
+    ckpt = torch.load(tmp_path / "checkpoints" / "step_0000004.pt", weights_only=False)
+    assert ckpt["stopped_at_acc"] == r["val_seq_acc"] == tasks.headline(r) and r["val_seq_acc"] > 0
+    assert json.loads((tmp_path / "task_eval.json").read_text())["step"] == 4
+    assert not (tmp_path / "checkpoints" / "step_0000012.pt").exists()
+    _st_run(tmp_path, "train.stop_acc=1e-9")  # resumed: nothing left to train
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["step_0000004.pt"]
+    with pytest.raises(ConfigError, match=r"train.stop_acc=1.5: an accuracy in \(0, 1\]"):
+        _st_run(tmp_path, "train.stop_acc=1.5")
+
+
+def test_time_limit_pauses_and_resume_finishes(tmp_path):
+    _st_run(tmp_path, "train.time_limit=1e-9")  # out of time at the first log step: checkpoint and pause
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["step_0000002.pt"]
+    assert not (tmp_path / "task_eval.json").exists()  # a pause writes no final result
+    r = _st_run(tmp_path)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert json.loads((tmp_path / "task_eval.json").read_text())["step"] == 12 and r["step"] == 12
+    assert sorted(set(steps)) == [2, 4, 6, 8, 10, 12]
+    with pytest.raises(ConfigError, match="train.time_limit=0: seconds > 0"):
+        _st_run(tmp_path, "train.time_limit=0")
