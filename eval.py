@@ -31,7 +31,10 @@ from pathlib import Path
 
 import torch
 
-from model import ConfigError, build_model
+from common.errors import ConfigError
+from common.io import write_atomic
+from model import build_model
+from trainer.checkpoint import load_model
 
 MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel")
 
@@ -39,7 +42,7 @@ MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel")
 def resolve_ckpt(path: str) -> Path:
     """A checkpoint file, a `latest` pointer, a checkpoints/ folder or a run's out_dir: the newest readable
     checkpoint there, found as train.py's resume=auto finds it."""
-    from train import checkpoint_candidates
+    from trainer.checkpoint import checkpoint_candidates
     p = Path(path)
     if p.is_file() and p.name != "latest":
         return p
@@ -48,18 +51,6 @@ def resolve_ckpt(path: str) -> Path:
         raise ConfigError(f"ckpt={path!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or a "
                           "run's out_dir)")
     return found[0]
-
-
-def load_model(path: str, device="cpu"):
-    from data import Tokenizer
-    from train import load_weights, resolve_checkpoint
-    ckpt = resolve_checkpoint(Path(path))[1]  # the newest readable one
-    if ckpt is None:
-        resolve_ckpt(path)  # raises: no checkpoint there at all
-    cfg = ckpt["config"]
-    model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
-    load_weights(model, ckpt["model"], path)
-    return model.to(device).eval(), Tokenizer.from_dict(ckpt["tokenizer"]), ckpt
 
 
 def labels(loaded, paths) -> list[str]:
@@ -76,11 +67,11 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
     tokenizer, in windows of seq_len (which may exceed the training context); with doc_boundaries, documents packed
     and kept apart, as a model trained with train.doc_boundaries saw them."""
     import data as data_lib
-    from train import evaluate  # training's own validation, in one process
+    from trainer.objective import validation_loss  # training's own validation, in one process
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
     windows = info.windows("val", seq_len, shuffle=False)
     n = min(len(windows), max(1, n_tokens // seq_len))
-    loss = evaluate(model, windows, n, micro_batch, device, autocast, 0, 1, tok.eot_id if doc_boundaries else None)
+    loss = validation_loss(model, windows, n, micro_batch, device, autocast, 0, 1, tok.eot_id if doc_boundaries else None)
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "tokens": n * seq_len, "seq_len": seq_len}
 
 
@@ -242,10 +233,7 @@ def run(cfg) -> dict:
                     (c["model"]["seq_len"], result[name]["val_loss"]))
             plot_loss_vs_context(groups, plot)
     result.update(mode=cfg.mode, ckpts=[str(resolve_ckpt(p)) for p in paths])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(out)
+    write_atomic(out, json.dumps(result, indent=1))
     print(f"results: {out}" + (f" | plot: {plot}" if plot.exists() and cfg.mode not in ("sample", "lm_eval") else ""))
     if cfg.wandb:
         log_wandb(cfg, result, plot, out)
@@ -257,8 +245,8 @@ def log_wandb(cfg, result: dict, plot: Path, out: Path) -> None:
     import wandb
     from omegaconf import OmegaConf
 
-    from train import _wandb_logged_in
-    mode = "online" if (os.environ.get("WANDB_API_KEY") or _wandb_logged_in()) else "offline"
+    from trainer.logger import wandb_logged_in
+    mode = "online" if (os.environ.get("WANDB_API_KEY") or wandb_logged_in()) else "offline"
     run = wandb.init(project=cfg.wandb_project, job_type="eval", name=f"eval-{cfg.mode}", mode=mode,
                      dir=str(out.parent), config=OmegaConf.to_container(cfg, resolve=True))
     if cfg.mode == "lm_eval":
@@ -273,7 +261,7 @@ def log_wandb(cfg, result: dict, plot: Path, out: Path) -> None:
 
 
 def main():
-    from train import cli
+    from common.cli import cli
     cli(run, "eval")
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -23,12 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
+from common.io import write_atomic
+
 from . import embedded, fineweb, longcrawl64, text
 from .shards import ShardError, TokenWindows, TrainBatches, pack_documents, write_shard
 from .tokenizer import Tokenizer, make_tokenizer
 
-__all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer", "pack_documents",
-           "write_atomic"]
+__all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer", "pack_documents"]
 
 SOURCES = {
     "embedded": lambda cfg: embedded.documents(),
@@ -73,14 +73,6 @@ def _key(cfg: dict) -> str:
     if cfg.get("name") == "embedded":  # the corpus is the running Python's own stdlib
         blob += sys.version.split()[0]
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def write_atomic(path: Path, text_: str) -> None:
-    """Replace a small text file whole or not at all: a temporary file named after this process, then a rename (two
-    writers never share a temporary name; a crash leaves the old file)."""
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text_)
-    os.replace(tmp, path)
 
 
 def _changes(then: list | None, now: list) -> str:
@@ -185,7 +177,8 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
     if tokenizer is not None:
         cfg["tokenizer"] = "given:" + hashlib.sha256(json.dumps(tokenizer.to_dict()).encode()).hexdigest()[:10]
     if name not in SOURCES:
-        raise ValueError(f"unknown data={name!r}; valid choices: {sorted(SOURCES) + sorted(ARRAYS)}")
+        raise ShardError(f"unknown text source data={name!r}; valid choices: {sorted(SOURCES) + sorted(ARRAYS)} (a "
+                         "synthetic task such as data=parity is generated at start-up: nothing to prepare)")
     d = Path(cfg.get("cache_dir") or "cache") / f"{name}-{_key(cfg)}"
     sources = FINGERPRINTS[name](cfg) if name in FINGERPRINTS else None
     if sources is not None and d.is_dir() and any(d.iterdir()):

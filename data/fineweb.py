@@ -16,7 +16,8 @@ from __future__ import annotations
 import itertools
 import os
 
-from .shards import HubUnavailable, ShardError
+from common.errors import HubUnavailable, ShardError
+
 from .text import _expand
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".gz": "json"}

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.io import atomic_open
+
 from .shards import EpochOrder, ShardError, TokenWindows
 from .tokenizer import Tokenizer, make_tokenizer
 
@@ -97,11 +99,9 @@ def flatten(root: str, doc_len: int = 65536, rows: int = 256) -> None:
     for split in SPLITS.values():
         src = zarr.open(str(Path(root) / f"{split}.zarr"), mode="r")
         out = Path(root) / f"{split}.bin"
-        tmp = out.with_name(out.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with atomic_open(out, "wb") as f:
             for i in tqdm(range(0, src.shape[0], rows), desc=f"flattening {split}", unit="block"):
                 f.write(np.asarray(src[i:i + rows], dtype="<u2").tobytes())
-        tmp.replace(out)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def run(cfg):
     import data
-    from data.tasks import is_task
-    if is_task(cfg.data):
-        raise data.ShardError(f"data={cfg.data.name} is a synthetic task, generated at start-up: nothing to prepare")
     info = data.prepare(cfg.data, progress=cfg.train.progress)
     print(f"{cfg.data.name}: {info.n_train_tokens:,} train / {info.n_val_tokens:,} val tokens, vocabulary "
           f"{info.tokenizer.vocab_size}, in {info.dir}")
@@ -26,5 +23,5 @@ def run(cfg):
 
 
 if __name__ == "__main__":
-    from train import cli
+    from common.cli import cli
     cli(run, "config")

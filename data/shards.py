@@ -19,25 +19,19 @@ resuming needs only the step number, and any world size sees the same global bat
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common.errors import ShardError
+from common.io import atomic_open
+
 MAGIC = b"DUALTOK\0"
 VERSION = 1
 HEADER_BYTES = 64
 _HEADER = struct.Struct("<8sIIQQ")
-
-
-class ShardError(ValueError):
-    pass
-
-
-class HubUnavailable(ShardError, RuntimeError):
-    """Data or a tokenizer that needs the Hugging Face hub, which cannot be reached (offline)."""
 
 
 def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
@@ -48,13 +42,9 @@ def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ShardError(f"{path}: token ids must lie in [0, {vocab_size}), got [{tokens.min()}, {tokens.max()}]")
     header = _HEADER.pack(MAGIC, VERSION, np.dtype(dtype).itemsize, tokens.size, vocab_size).ljust(HEADER_BYTES, b"\0")
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(header)
         f.write(tokens.astype(dtype).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_header(path: str | Path) -> dict:

@@ -80,7 +80,7 @@ def load_pretrained(name: str) -> Tokenizer:
     try:
         tok = HFTokenizer.from_pretrained(name)
     except Exception as e:  # the hub client raises many kinds of errors when offline
-        from .shards import HubUnavailable
+        from common.errors import HubUnavailable
         raise HubUnavailable(
             f"could not load tokenizer {name!r} from the Hugging Face hub ({type(e).__name__}: {e}). Offline? "
             "Pass a local tokenizer.json path, or data.tokenizer=bpe to train one here, or data.tokenizer=byte."

@@ -34,7 +34,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from kernels.attention import varying_shapes
+from model.gpt import varying_shapes
 from model import ConfigError
 
 # seed 004 Table 3 (the GLA / DeltaNet task set) and wikitext perplexity; the metric each column shows
@@ -62,7 +62,7 @@ class DualityLM(LM):
     @classmethod
     def create_from_arg_string(cls, arg_string, additional_config=None):
         """`lm_eval --model duality --model_args ckpt=RUN,batch_size=32` (after importing this module)."""
-        from eval import load_model
+        from trainer.checkpoint import load_model
         args = dict(kv.split("=", 1) for kv in arg_string.split(",") if kv)
         args.update({k: v for k, v in (additional_config or {}).items() if v is not None and k != "device"})
         device = torch.device(args.pop("device", "cuda" if torch.cuda.is_available() else "cpu"))

@@ -22,7 +22,7 @@ import torch
 
 from kernels.attention import log_weight_bias
 
-from .plots import save_figure
+from common.plots import save_figure
 
 
 @torch.no_grad()

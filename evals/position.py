@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from model import Cache, ConfigError
 
-from .plots import save_figure
+from common.plots import save_figure
 
 MAX_LENGTH = 65536
 

@@ -85,22 +85,6 @@ def log_weight_bias(Tq, Tk, *, log_decay=None, slopes=None, bias=None, cu_seqlen
     return out.masked_fill(~allowed, float("-inf"))
 
 
-def varying_shapes():
-    """A context for inference whose shapes change call after call (scoring batches of other lengths, decoding with
-    a growing KV cache): torch's SDPA without the cuDNN backend, which builds (~50 ms) and caches an execution plan
-    per new shape. Training, at one shape, keeps cuDNN."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-def training_backends():
-    """The context train_step runs in: torch's SDPA tries cuDNN first. On an H100 its causal attention is 1.6x faster
-    than FlashAttention-2 (docs/attention/bench_attention.md) but torch ranks it after flash, efficient and math."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                        SDPBackend.MATH], set_priority=True)
-
-
 def _check(q, k, v, log_decay, slopes, power, cu_seqlens):
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[::2] != k.shape[::2] or q.shape[1] > k.shape[1] \
             or q.shape[3] != k.shape[3]:

@@ -30,6 +30,8 @@ import re
 import sys
 from pathlib import Path
 
+from common.io import write_atomic
+
 CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
 ENV = "DUALITY_KERNEL_CONFIGS"
 
@@ -178,9 +180,7 @@ def write_entries(folder: Path, name: str, entries: dict, triton_version: str | 
         return 0
     data = {"kernel_name": name, "triton_version": data.get("triton_version") or triton_version or triton.__version__,
             "autotune_entries": dict(sorted({**have, **new}.items()))}
-    tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     _files.pop(path, None)
     return len(new)
 

@@ -22,12 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.attention import varying_shapes
 from kernels.documents import per_document
 from kernels.linear_ce import linear_cross_entropy
 
 from .mixers.base import residual_linear
 from .pe.sinusoidal import sinusoid_table
+
+
+def varying_shapes():
+    """A context for inference whose shapes change call after call (scoring batches of other lengths, decoding with
+    a growing KV cache): torch's SDPA without the cuDNN backend, which builds (~50 ms) and caches an execution plan
+    per new shape. Training, at one shape, keeps cuDNN (trainer.runtime.training_backends)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 @dataclass

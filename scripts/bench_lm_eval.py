@@ -26,7 +26,7 @@ class Req:
 
 
 def main():
-    from eval import load_model
+    from trainer.checkpoint import load_model
     from evals.harness import DualityLM
     ap = argparse.ArgumentParser()
     ap.add_argument("ckpts", nargs="*")

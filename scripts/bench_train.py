@@ -31,8 +31,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,8 +43,10 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import train as train_lib  # noqa: E402
+from common.io import write_atomic  # noqa: E402
 from model import build_model  # noqa: E402
+from trainer.logger import peak_flops  # noqa: E402
+from trainer.optim import make_optimizer, train_step  # noqa: E402
 
 # size: (model config, tokens per micro-batch = B x T, vocabulary: GPT-2's padded / seed 004's 32k)
 SETTINGS = {"124m": ("124m", 32 * 1024, 50304), "370m": ("370m", 8 * 4096, 32000)}
@@ -128,7 +130,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     torch.manual_seed(0)
     model, optim_cfg = build(case, model_name, seq, vocab, overrides)
     model = model.to(device)
-    optimizer = train_lib.make_optimizer(model, optim_cfg, fused=True)
+    optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     train_model = torch.compile(model) if compiled else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
@@ -138,7 +140,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
         x, y = data[i % 4, :, :-1].contiguous(), data[i % 4, :, 1:].contiguous()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss, _ = train_lib.train_step(train_model, [(x, y)], 1, optimizer, scheduler, autocast, 1.0)
+        loss, _ = train_step(train_model, [(x, y)], 1, optimizer, scheduler, autocast, 1.0)
         end.record()
         if i == 0:
             torch.cuda.synchronize()
@@ -151,13 +153,13 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
         from torch.profiler import ProfilerActivity
         with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for i in range(3):
-                train_lib.train_step(train_model, [(data[i, :, :-1], data[i, :, 1:])], 1, optimizer, scheduler,
+                train_step(train_model, [(data[i, :, :-1], data[i, :, 1:])], 1, optimizer, scheduler,
                                      autocast, 1.0)
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90)
         profile.write_text(f"{case} {size}/{seq} compile={compiled}, 3 steps of {B} x {seq} tokens\n{table}")
     tps = B * seq / (ms / 1e3)
-    peak = train_lib.peak_flops(torch.device(device))
+    peak = peak_flops(torch.device(device))
     row = {"case": case, "size": size, "seq_len": seq, "batch": B, "compile": compiled, "ms": ms, "tokens_per_s": tps,
            "mfu": model.flops_per_token(seq) * tps / peak if peak else None,
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30, "first_step_s": t_compile,
@@ -176,14 +178,16 @@ def loop_overhead(out: Path, steps: int):
               f"train.log_interval={steps // 2}", "train.eval_interval=100000", "train.ckpt_interval=100000",
               "train.eval_tokens=32768", "train.sample_tokens=0", "train.progress=false", "logger.mode=disabled",
               "train.profile_steps=5"]
-        res = train_lib.run(compose(ov))
-        rows["train.py"] = res["tokens_per_s"]
+        # the script itself, as a user runs it: its last logged row holds its throughput
+        subprocess.run([sys.executable, str(ROOT / "train.py"), *ov], check=True, cwd=ROOT)
+        logged = [json.loads(ln) for ln in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        rows["train.py"] = [r for r in logged if "tokens_per_s" in r][-1]["tokens_per_s"]
         prof = Path(tmp) / "run" / "profile" / "ops.txt"
         (out / "loop_profile.txt").write_text(prof.read_text())
     torch._dynamo.reset()
     cfg = compose(["model=124m", "data.vocab_size=4096"])
     model = build_model(cfg.backbone, cfg.pe, cfg.model, 4096).cuda()
-    optimizer = train_lib.make_optimizer(model, cfg.optim, fused=True)
+    optimizer = make_optimizer(model, cfg.optim, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     cm = torch.compile(model)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
@@ -192,7 +196,7 @@ def loop_overhead(out: Path, steps: int):
         if i == steps // 2:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-        train_lib.train_step(cm, [(x[:, :-1], x[:, 1:])], 1, optimizer, scheduler, autocast, 1.0)
+        train_step(cm, [(x[:, :-1], x[:, 1:])], 1, optimizer, scheduler, autocast, 1.0)
     torch.cuda.synchronize()
     rows["bare steps"] = (steps - steps // 2) * 32 * 1024 / (time.perf_counter() - t0)
     rows["overhead"] = 1 - rows["train.py"] / rows["bare steps"]
@@ -362,8 +366,7 @@ def main():
                     torch.cuda.empty_cache()
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-                partial.with_suffix(".tmp").write_text(json.dumps(rows, indent=1))  # atomic: a kill mid-write
-                os.replace(partial.with_suffix(".tmp"), partial)                  # keeps the last whole file
+                write_atomic(partial, json.dumps(rows, indent=1))  # a kill mid-write keeps the last whole file
     ok = {key(o): o for o in rows if "error" not in o}
     for r in rows:
         if "error" not in r:

@@ -25,7 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from data import tasks  # noqa: E402
+from data.tasks import draw_curves  # noqa: E402
 IGNORED = {"cache_dir"}
 
 
@@ -157,7 +157,7 @@ def main():
     for ax, col in zip(axes.flat, cols):
         runs = {row: best[(row, col)] for row in rows if (row, col) in best}
         first = next(iter(runs.values()))
-        tasks.draw_curves(ax, {row: r["curve"] for row, r in runs.items()}, first["train_len"], first["unit"], col)
+        draw_curves(ax, {row: r["curve"] for row, r in runs.items()}, first["train_len"], first["unit"], col)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.tight_layout()

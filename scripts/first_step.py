@@ -44,7 +44,7 @@ def child(case: str, size: str, seq: int, compiled: bool):
 def main():
     from bench_train import CASES
 
-    from data import write_atomic
+    from common.io import write_atomic
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--setting", default="370m:4096", help="size:context")

@@ -19,6 +19,8 @@ from conftest import ROOT, compose, tiny_overrides
 import data as data_lib
 import eval as eval_lib
 import train as train_lib
+from common.errors import NonFinite
+from trainer.optim import train_step
 from model import ConfigError
 
 
@@ -84,7 +86,7 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(tmp_path, cache):
 
 def _inject_nan_after(monkeypatch, n_steps):
     """From the n-th optimizer step on, the first weight matrix is NaN (as after an overflowing update)."""
-    real, calls = train_lib.train_step, [0]
+    real, calls = train_step, [0]
 
     def step(train_model, *a, **kw):
         out = real(train_model, *a, **kw)
@@ -100,7 +102,7 @@ def test_nan_weights_are_never_checkpointed_and_the_last_good_one_is_kept(tmp_pa
     _inject_nan_after(monkeypatch, 3)
     cfg = tiny_overrides(tmp_path, cache, "train.steps=10", "train.ckpt_interval=1", "train.keep_checkpoints=1",
                          "train.log_interval=1000")
-    with pytest.raises(train_lib.NonFinite, match=r"step 3: the weights or optimizer state are not finite; stopped "
+    with pytest.raises(NonFinite, match=r"step 3: the weights or optimizer state are not finite; stopped "
                                                   r"without checkpointing it\. The last good checkpoint is .*step_0000002"):
         train_lib.run(compose(cfg))
     ckpts = sorted((tmp_path / "checkpoints").glob("step_*.pt"))
@@ -112,7 +114,7 @@ def test_nan_weights_are_never_checkpointed_and_the_last_good_one_is_kept(tmp_pa
 
 def test_a_non_finite_loss_stops_the_run_at_its_step(tmp_path, cache, monkeypatch):
     _inject_nan_after(monkeypatch, 2)
-    with pytest.raises(train_lib.NonFinite, match=r"step 3: loss nan.*last good checkpoint is none"):
+    with pytest.raises(NonFinite, match=r"step 3: loss nan.*last good checkpoint is none"):
         train_lib.run(compose(tiny_overrides(tmp_path, cache, "train.steps=10")))
     assert not list(tmp_path.glob("checkpoints/step_*.pt"))
 

@@ -277,17 +277,17 @@ def test_symbols_tokenizer_and_heads():
 
 # -------------------------------------------------------------------------------------------- end to end
 def test_config_errors():
-    import train as train_lib
+    from trainer.config import check_config
     with pytest.raises(ConfigError, match="set model.seq_len=128"):
-        train_lib.check_config(compose(["data=parity", "model.seq_len=64"]))
+        check_config(compose(["data=parity", "model.seq_len=64"]))
     with pytest.raises(ConfigError, match="train.epochs counts passes"):
-        train_lib.check_config(compose(["train.epochs=3"]))
+        check_config(compose(["train.epochs=3"]))
     with pytest.raises(ConfigError, match="batch_size=32 is not a multiple"):
-        train_lib.check_config(compose(["task=mqar", "train.batch_size=32", "train.micro_batch=24"]))
+        check_config(compose(["task=mqar", "train.batch_size=32", "train.micro_batch=24"]))
     for name in ("mqar", "copying", "state_tracking", "mad"):
-        train_lib.check_config(compose([f"task={name}"]))
+        check_config(compose([f"task={name}"]))
     for sweep in sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")):
-        train_lib.check_config(compose([f"sweep={sweep}"]))
+        check_config(compose([f"sweep={sweep}"]))
 
 
 def test_easy_mqar_is_learned_and_evaluated(tmp_path):

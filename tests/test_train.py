@@ -15,6 +15,9 @@ from conftest import ROOT, compose, tiny_overrides
 
 import eval as eval_lib
 import train as train_lib
+from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.config import check_config
+from trainer.optim import lr_lambda, make_optimizer
 from model import ConfigError, build_model, valid_schemes
 
 
@@ -33,15 +36,15 @@ def test_compose_every_combination():
             cfg = hydra_compose("config", overrides=[f"backbone={b}", f"pe={p}"])
             assert b.startswith(cfg.backbone.name) and p.startswith(cfg.pe.name)  # presets: gla_st is gla, selective_rope_pg is selective_rope
             if cfg.pe.name in valid_schemes(cfg.backbone.name):
-                train_lib.check_config(cfg)
+                check_config(cfg)
             else:
                 with pytest.raises(ConfigError, match="valid pe for backbone"):
-                    train_lib.check_config(cfg)
+                    check_config(cfg)
         for m, o, lg, d in itertools.product(options("model"), options("optim"), options("logger"), options("data")):
             cfg = hydra_compose("config", overrides=[f"model={m}", f"optim={o}", f"logger={lg}", f"data={d}"])
             named = OmegaConf.load(ROOT / "conf" / "data" / f"{d}.yaml").name  # parity, a3, s3 are state_tracking
             assert cfg.model.name == m and cfg.data.name == named and cfg.train.global_batch_tokens > 0
-            train_lib.check_config(cfg)
+            check_config(cfg)
 
 
 @pytest.mark.parametrize("size,vocab,expect", [("124m", 50304, 124e6), ("370m", 32000, 370e6)])
@@ -80,7 +83,7 @@ def test_tiny_model_overfits_a_batch(backbone):
     pe = "nope" if backbone.startswith("path") else "rope"
     cfg = compose([f"backbone={backbone}", f"pe={pe}", "model.n_layer=2", "model.d_model=64", "model.seq_len=32"])
     m = build_model(cfg.backbone, cfg.pe, cfg.model, 128)
-    opt = train_lib.make_optimizer(m, cfg.optim, fused=False)
+    opt = make_optimizer(m, cfg.optim, fused=False)
     x = torch.randint(0, 128, (4, 33))
     for _ in range(150):
         loss = m(x[:, :-1], x[:, 1:])[1]
@@ -165,18 +168,18 @@ def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):
 
 def test_checkpoint_write_is_atomic(tmp_path):
     d = tmp_path / "ck"
-    train_lib.save_checkpoint(d, 1, {"x": 1}, keep=2)
-    train_lib.save_checkpoint(d, 2, {"x": 2}, keep=2)
-    train_lib.save_checkpoint(d, 3, {"x": 3}, keep=2)
+    save_checkpoint(d, 1, {"x": 1}, keep=2)
+    save_checkpoint(d, 2, {"x": 2}, keep=2)
+    save_checkpoint(d, 3, {"x": 3}, keep=2)
     assert sorted(p.name for p in d.iterdir()) == ["latest", "step_0000002.pt", "step_0000003.pt"]
     assert (d / "latest").read_text() == "step_0000003.pt"
 
 
 def test_schedules():
     o = compose([]).optim
-    f = train_lib.lr_lambda(o, 100)
+    f = lr_lambda(o, 100)
     assert f(0) < f(9) <= 1.0 and f(10) == pytest.approx(1.0) and f(99) == pytest.approx(o.min_lr_ratio, abs=1e-3)
-    w = train_lib.lr_lambda(compose(["optim.schedule=wsd"]).optim, 100)
+    w = lr_lambda(compose(["optim.schedule=wsd"]).optim, 100)
     assert w(50) == 1.0 and w(79) == 1.0 and w(90) < 1.0 and w(100) == pytest.approx(o.min_lr_ratio)
 
 
@@ -316,7 +319,7 @@ def test_train_on_fineweb_parquet_and_longcrawl64_layout(tmp_path, data_cache):
           if a != "data.vocab_size=512"]
     out = train_lib.run(compose(lc))
     assert math.isfinite(out["val_loss"]) and len(_losses(tmp_path / "lc_run")) == 2
-    ck = train_lib.load_checkpoint(tmp_path / "lc_run" / "checkpoints" / "step_0000002.pt")
+    ck = load_checkpoint(tmp_path / "lc_run" / "checkpoints" / "step_0000002.pt")
     assert ck["config"]["data"]["name"] == "longcrawl64" and ck["tokenizer"]["kind"] == "byte"
     with pytest.raises(ShardError, match="model.seq_len=128 is longer than the documents"):
         train_lib.run(compose(lc + [f"out_dir={tmp_path / 'e1'}", "model.seq_len=128", "train.global_batch_tokens=512"]))

@@ -15,16 +15,15 @@ curve's unit: sequence, string or prefix length) seen in training; evaluation re
 from __future__ import annotations
 
 import inspect
-import json
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.pe.base import ConfigError
+from common.errors import ConfigError
+from common.plots import save_figure
 
 from ..shards import EpochOrder
 
@@ -198,6 +197,11 @@ def log_points(curve: dict, train_len: int) -> dict:
     return out
 
 
+def labelled_curves(label: str, m: dict) -> dict:
+    """The curves of one evaluation for plot_curves: per position, and (state tracking) every position up to L right."""
+    return {label: m["curve"], **({f"{label}, all right to L": m["curve_seq"]} if "curve_seq" in m else {})}
+
+
 def draw_curves(ax, curves: dict, train_len: int | None, unit: str, title: str = "") -> None:
     """Accuracy vs length on one matplotlib axis, a line per label, the training length dashed (the seed's figures).
     Curve keys may be ints or the strings JSON made of them."""
@@ -215,15 +219,9 @@ def draw_curves(ax, curves: dict, train_len: int | None, unit: str, title: str =
     ax.legend(fontsize=7)
 
 
-def labelled_curves(label: str, m: dict) -> dict:
-    """The curves of one evaluation for draw_curves: per position, and (state tracking) every position up to L right."""
-    return {label: m["curve"], **({f"{label}, all right to L": m["curve_seq"]} if "curve_seq" in m else {})}
-
-
 def plot_curves(curves: dict, path, train_len: int | None, unit: str, title: str = "") -> None:
     """One figure of draw_curves (task_eval.json holds the numbers when matplotlib is missing)."""
-    from evals.plots import save_figure
-    save_figure(path, lambda axes: draw_curves(axes[0], curves, train_len, unit, title))
+    return save_figure(path, lambda axes: draw_curves(axes[0], curves, train_len, unit, title))
 
 
 def summary(m: dict, task: TaskData) -> str:
@@ -233,10 +231,3 @@ def summary(m: dict, task: TaskData) -> str:
     seq = "".join(f" | all right to {L} {m[k]:.4f}" for k, L in
                   (("val_seq_acc", task.train_len), ("val_seq_acc_extrap", max(m.get("curve_seq") or [0]))) if k in m)
     return f"val loss {m['val_loss']:.4f} | acc {acc}{extrap}{seq}"
-
-
-def write_result(path, result: dict) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)

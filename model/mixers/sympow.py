@@ -30,7 +30,7 @@ from torch import nn
 
 from kernels.attention import cumulative_log_decay
 
-from ..pe.base import ConfigError
+from common.errors import ConfigError
 from .base import Mixer, register, residual_linear
 from .layers import gated_attention, up
 

@@ -21,14 +21,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from common.errors import ConfigError
 from kernels.rotary import cumulative_rotation
 
 KINDS = ("none", "absolute", "rotary", "score", "vo_rotary")
 REGISTRY: dict[str, type["PositionalScheme"]] = {}
-
-
-class ConfigError(ValueError):
-    """A bad config: raised before any work starts, with the valid choices in the message."""
 
 
 @dataclass(frozen=True)

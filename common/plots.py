@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .io import atomic_path
+
 
 def save_figure(path, draw, figsize=(6, 3.6), ncols: int = 1, nrows: int = 1) -> Path | None:
     """draw(axes) fills a fresh figure of nrows x ncols axes (a flat list); returns the path, or None."""
@@ -18,10 +20,9 @@ def save_figure(path, draw, figsize=(6, 3.6), ncols: int = 1, nrows: int = 1) ->
     fig, axes = plt.subplots(nrows, ncols, figsize=figsize, dpi=120, squeeze=False)
     draw(list(axes.flat))
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp)
+    finally:
+        plt.close(fig)
+    return Path(path)

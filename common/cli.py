@@ -1,0 +1,26 @@
+"""The Hydra entry point of train.py, eval.py and data/prepare.py: bad input ends in one `error: ...` line and exit
+code 2, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .errors import USER_ERRORS
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def cli(run_fn, config_name: str):
+    import hydra
+
+    # an absolute path: with the repo pip-installed, Hydra would read a relative config_path as a Python package
+    @hydra.main(config_path=str(CONF), config_name=config_name, version_base="1.3")
+    def _main(cfg):
+        try:
+            return run_fn(cfg)
+        except USER_ERRORS as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    _main()

@@ -1,0 +1,114 @@
+"""The shape of the code: which package may import which (no cycles), and that the scripts stay scripts."""
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+# every import counts, the lazy ones inside functions too: a cycle that only bites at run time is still a cycle
+PACKAGES = ["common", "kernels", "model", "model.core", "model.mixers", "model.pe", "data", "data.tasks", "evals",
+            "trainer"]
+SCRIPTS = ["train", "eval"]
+
+
+def node_of(module: str) -> str | None:
+    """The package (or top-level script) a dotted module belongs to: its longest prefix among PACKAGES / SCRIPTS."""
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        if name in PACKAGES or name in SCRIPTS:
+            return name
+    return None
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The absolute names of the modules a file imports ("from . import x" resolved against its package)."""
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import submodule`
+    return out
+
+
+def package_graph() -> dict[str, set[str]]:
+    files = [ROOT / f"{s}.py" for s in SCRIPTS]
+    for pkg in PACKAGES:
+        files += sorted((ROOT / pkg.replace(".", "/")).glob("*.py"))
+    graph: dict[str, set[str]] = {n: set() for n in PACKAGES + SCRIPTS}
+    for f in files:
+        src = node_of(module_name(f))
+        for name in imports(f):
+            dst = node_of(name)  # `from data import tasks`: data and data.tasks (importing it runs data/__init__)
+            if dst is not None and dst != src:
+                graph[src].add(dst)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(n):
+        state[n] = 1
+        path.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state and (c := visit(m)):
+                return c
+        state[n] = 2
+        path.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_every_package_is_listed():
+    """A new package joins the check (else its imports would go unseen)."""
+    found = {module_name(p.parent) for p in ROOT.glob("*/**/__init__.py") if ".venv" not in p.parts
+             and "tests" not in p.parts and p.parent.name != "local_tasks"}
+    assert found - set(PACKAGES) == set(), "add the new package to PACKAGES"
+
+
+def test_no_import_cycle_between_packages():
+    graph = package_graph()
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    # the layering the README describes (common < kernels < model < data < trainer < evals < scripts): nothing
+    # imports the scripts, common imports nobody, the model and the data know nothing of training or evaluation
+    assert not any(s in deps for deps in graph.values() for s in SCRIPTS), \
+        {n: d & set(SCRIPTS) for n, d in graph.items() if d & set(SCRIPTS)}
+    assert graph["common"] == set()
+    lower = {n: graph[n] for n in ("kernels", "model", "model.mixers", "model.pe", "data", "data.tasks")}
+    assert all(not deps & {"trainer", "evals"} for deps in lower.values()), lower
+    assert "evals" not in graph["trainer"]
+
+
+def test_cycle_finder_finds_cycles():
+    """The check itself can fail: a planted two-way and three-way cycle are reported."""
+    assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_train_script_is_short():
+    """train.py is the loop a newcomer reads in one sitting; the parts live in trainer/."""
+    assert len((ROOT / "train.py").read_text().splitlines()) <= 150

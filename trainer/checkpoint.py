@@ -1,0 +1,289 @@
+"""Checkpoints: what one holds, how it is written (atomically, `latest` naming the newest whole one), found (the
+newest readable one of a run), checked against a run's config, and loaded back into a model; and the lock that keeps
+two runs out of one out_dir.
+
+A checkpoint is a torch.save dict: step, model (full state dict), optimizer (keyed by parameter name), scheduler,
+rng (per rank), world_size, strategy, config (the run's resolved config, model.head as built), tokenizer,
+vocab_size, wandb_id, stopped_at_acc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.errors import ConfigError, NonFinite
+from common.io import atomic_open, write_atomic
+
+
+def rng_state():
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s):
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int) -> Path:
+    """Write step_XXXXXXX.pt atomically, then repoint `latest` the same way: a crash at any moment leaves `latest`
+    naming a complete checkpoint. Keeps the newest `keep` (0: all)."""
+    path = Path(ckpt_dir) / f"step_{step:07d}.pt"
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
+    write_atomic(path.parent / "latest", path.name)
+    for old in sorted(path.parent.glob("step_*.pt"))[:-keep] if keep > 0 else []:
+        old.unlink()
+    return path
+
+
+def checkpoint_candidates(path: Path) -> list[Path]:
+    """The checkpoints a run folder, a checkpoints/ folder or a `latest` file offers, newest first: the one
+    `latest` names (if it can be read and exists), then every step_*.pt by step."""
+    if path.name == "latest" and path.is_file():
+        path = path.parent
+    ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = sorted(ckpt_dir.glob("step_*.pt"), reverse=True)
+    named = None
+    try:
+        named = ckpt_dir / (ckpt_dir / "latest").read_text().strip()
+    except FileNotFoundError:
+        pass
+    except (UnicodeDecodeError, OSError) as e:
+        print(f"warning: {ckpt_dir / 'latest'} is unreadable ({type(e).__name__}): using the newest step_*.pt",
+              file=sys.stderr)
+    if named is not None and named not in found:
+        print(f"warning: {ckpt_dir / 'latest'} names {named.name}, which is missing: using the newest step_*.pt",
+              file=sys.stderr)
+        named = None
+    return ([named] if named else []) + [f for f in found if f != named]
+
+
+def resolve_checkpoint(path: Path) -> tuple[Path | None, dict | None]:
+    """The newest readable checkpoint of a run folder, checkpoints/ folder, `latest` file or checkpoint file, and its
+    contents. A newest checkpoint that cannot be read (a truncated copy, a full disk) is skipped with a warning that
+    names it; an error only when none can be read."""
+    if path.is_file() and path.name != "latest":
+        return path, load_checkpoint(path)
+    errors = []
+    for cand in checkpoint_candidates(path):
+        try:
+            ckpt = load_checkpoint(cand)
+        except ConfigError as e:
+            errors.append(str(e))
+            print(f"warning: skipping {cand}: {e}", file=sys.stderr)
+            continue
+        return cand, ckpt
+    if errors:
+        raise ConfigError(f"cannot read checkpoint: none of the {len(errors)} in {path} is readable ({errors[0]})")
+    return None, None
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+    missing = {"step", "model", "config", "tokenizer"} - set(ckpt) if isinstance(ckpt, dict) else {"everything"}
+    if missing:
+        raise ConfigError(f"{path} is not a checkpoint of this repo (missing {sorted(missing)})")
+    return ckpt
+
+
+class RunLock:
+    """out_dir/run.lock: one run writes to an out_dir at a time. The file holds the owner's pid and host; a lock
+    whose process is gone (same host) is stale, as after kill -9, and is taken over, so a killed run resumes."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.path = out_dir, out_dir / "run.lock"
+        self.held = False
+
+    def acquire(self):
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    other = json.loads(self.path.read_text())
+                except (OSError, ValueError):
+                    other = {}  # being written right now: its owner is alive
+                if other.get("host") == me["host"] and not _alive(other.get("pid")):
+                    self._take_over(other)
+                    continue
+                raise ConfigError(
+                    f"{self.out_dir} is in use by another run (pid {other.get('pid', '?')} on "
+                    f"{other.get('host', '?')} since {other.get('since', '?')}); use another out_dir, or delete "
+                    f"{self.path} if that run is gone") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me))
+            self.held = True
+            for tmp in (self.out_dir / "checkpoints").glob("*.tmp*"):  # a killed writer's leftovers: ours now
+                tmp.unlink(missing_ok=True)
+            return self
+        raise ConfigError(f"{self.out_dir}: could not take {self.path}; delete it if no run uses this out_dir")
+
+    def _take_over(self, stale: dict):
+        """Remove a dead owner's lock. Two runs resuming at once must not both take it: one at a time (an O_EXCL
+        side file), and only if the lock still holds what was read as stale (not a new owner's lock)."""
+        side = self.path.with_name(self.path.name + ".takeover")
+        try:
+            fd = os.open(side, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            raise ConfigError(f"{self.out_dir}: another run is taking over the stale lock of process "
+                              f"{stale.get('pid')}; delete {side} if no run is starting there") from None
+        try:
+            try:
+                now = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                now = None
+            if now == stale:
+                print(f"{self.out_dir}: the lock of process {stale.get('pid')} (gone) is stale: taking it over",
+                      file=sys.stderr)
+                self.path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+            side.unlink(missing_ok=True)
+
+    def release(self):
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+            if not any(self.out_dir.iterdir()):  # a run that failed before writing anything leaves no folder
+                self.out_dir.rmdir()
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int):
+        return True  # unknown: assume the owner lives
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load_weights(model, state: dict, path) -> None:
+    """A checkpoint's weights into the model built from its config. Parameters whose names or shapes differ (a
+    checkpoint written by another version of a mixer) are an error that lists them."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    reshaped = [f"{k} {tuple(state[k].shape)} -> {tuple(v.shape)}" for k, v in own.items()
+                if k in state and state[k].shape != v.shape]
+    if missing or unexpected or reshaped:
+        show = lambda xs: f"{xs[:4]}{f' and {len(xs) - 4} more' if len(xs) > 4 else ''}"  # noqa: E731
+        raise ConfigError(f"{path}: its weights do not fit this code's model (written by another version?): "
+                          f"missing {show(missing)}, unexpected {show(unexpected)}, other shapes {show(reshaped)}")
+    model.load_state_dict(state)
+
+
+def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
+    from omegaconf import OmegaConf
+    for group in ("backbone", "pe", "model", "optim", "data"):
+        now = OmegaConf.to_container(cfg[group], resolve=True)
+        then = dict(ckpt_cfg[group])
+        if group == "data":  # where the cache lives does not change the data
+            now.pop("cache_dir", None), then.pop("cache_dir", None)
+        if group == "model" and now.get("head") == "auto":  # the checkpoint holds the head auto resolved to
+            now.pop("head"), then.pop("head", None)
+        if then != now:
+            raise ConfigError(f"cannot resume from {group} config {then}: this run's is {now}; use another out_dir "
+                              "(or resume=never in an empty one)")
+    for key in ("global_batch_tokens", "batch_size"):
+        if ckpt_cfg["train"].get(key) != cfg.train.get(key):
+            raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'].get(key)}, now {cfg.train.get(key)} "
+                              "(the data position is counted in global batches)")
+
+
+def load_model(path, device="cpu"):
+    """The model (in eval mode), tokenizer and checkpoint dict of the newest readable checkpoint at `path` (a file,
+    a `latest` pointer, a checkpoints/ folder or a run's out_dir)."""
+    from data import Tokenizer
+    from model import build_model
+    ckpt_path, ckpt = resolve_checkpoint(Path(path))
+    if ckpt is None:
+        raise ConfigError(f"ckpt={str(path)!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or "
+                          "a run's out_dir)")
+    cfg = ckpt["config"]
+    model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
+    load_weights(model, ckpt["model"], ckpt_path)
+    return model.to(device).eval(), Tokenizer.from_dict(ckpt["tokenizer"]), ckpt
+
+
+def find_resume(cfg, out_dir: Path) -> tuple[Path | None, dict | None]:
+    """resume=auto: the newest readable checkpoint of out_dir (or none); never: none, and out_dir must hold none;
+    a path: that checkpoint. Checked against this run's config, before any data is prepared."""
+    path, ckpt = None, None
+    if str(cfg.resume) == "auto":
+        path, ckpt = resolve_checkpoint(out_dir)
+    elif str(cfg.resume) == "never":
+        if checkpoint_candidates(out_dir):
+            raise ConfigError(f"{out_dir} already holds checkpoints and resume=never; use resume=auto or another "
+                              "out_dir")
+    else:
+        path = Path(str(cfg.resume))
+        ckpt = load_checkpoint(path)
+    if ckpt is not None:
+        check_resume_compatible(ckpt["config"], cfg)
+    return path, ckpt
+
+
+class Checkpointer:
+    """Writes the training state every train.ckpt_interval steps (rank 0 writes; under FSDP every rank joins the
+    gathering), only ever a finite one: retention then never deletes the last good checkpoint for a bad one."""
+
+    def __init__(self, out_dir: Path, rt, model, optimizer, scheduler, meta: dict, keep: int, last: Path | None):
+        self.dir, self.rt, self.model, self.optimizer, self.scheduler = out_dir / "checkpoints", rt, model, optimizer, \
+            scheduler
+        self.meta, self.keep, self.last_good = meta, keep, last
+
+    def diverged(self, step: int, what: str) -> NonFinite:
+        good = self.last_good
+        return NonFinite(f"step {step}: {what}; stopped without checkpointing it. The last good checkpoint is "
+                         f"{good or 'none'}" + (" (resume=auto continues from it)" if good else "")
+                         + "; a lower optim.lr, longer optim.warmup or optim.grad_clip may help")
+
+    def save(self, step: int, stopped_at_acc: float | None = None, wandb_id: str | None = None) -> None:
+        rt, opt = self.rt, self.optimizer
+        if not rt.all_finite([*self.model.parameters(), *(v for st in opt.state.values() for v in st.values())]):
+            raise self.diverged(step, "the weights or optimizer state are not finite")
+        rngs = rt.gather_objects(rng_state())
+        model_sd, optim_sd = rt.model_state(self.model), rt.optimizer_state(self.model, opt)
+        self.last_good = self.dir / f"step_{step:07d}.pt"
+        if rt.master:
+            save_checkpoint(self.dir, step, {
+                "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if rt.fsdp else "ddp",
+                "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": rt.world,
+                "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc, **self.meta}, self.keep)
+
+    def restore(self, ckpt: dict, seed: int) -> int:
+        """Optimizer, schedule and RNG streams of `ckpt` (None: fresh streams from seed); returns the start step."""
+        rt = self.rt
+        if ckpt is not None:
+            rt.load_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+            if ckpt["world_size"] == rt.world:
+                set_rng_state(ckpt["rng"][rt.rank])
+                return ckpt["step"]
+            if rt.master:
+                print(f"resuming a {ckpt['world_size']}-process run on {rt.world}: same global batches (the data "
+                      "order is world-size independent); per-rank RNG streams are reseeded", file=sys.stderr)
+        random.seed(seed + rt.rank)
+        np.random.seed(seed + rt.rank)
+        torch.manual_seed(seed + rt.rank)
+        return 0 if ckpt is None else ckpt["step"]

@@ -1,0 +1,87 @@
+"""Everything about a run's config that can be checked before any work starts, and the numbers it derives (steps,
+gradient accumulation, tokens per step)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from common.errors import ConfigError
+from data.tasks import is_task
+from model import check_model_config
+
+from .logger import LOGGER_MODES
+from .optim import SCHEDULES
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+def check_config(cfg, world: int = 1) -> dict:
+    """Everything that can be checked before any work; returns derived numbers (steps, grad_accum)."""
+    t, o = cfg.train, cfg.optim
+    for key, value, low in (("model.n_layer", cfg.model.n_layer, 1), ("model.seq_len", cfg.model.seq_len, 1),
+                            ("train.micro_batch", t.micro_batch, 1), ("train.log_interval", t.log_interval, 1),
+                            ("train.eval_interval", t.eval_interval, 1), ("train.ckpt_interval", t.ckpt_interval, 1),
+                            ("train.keep_checkpoints", t.keep_checkpoints, 0), ("train.eval_tokens", t.eval_tokens, 1),
+                            ("train.sample_tokens", t.sample_tokens, 0),
+                            *((f"train.{k}", t[k], 1) for k in ("steps", "batch_size", "global_batch_tokens")
+                              if t.get(k) is not None)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{key}={value!r}: an integer >= {low}" + (" (or null)" if key == "train.steps" else ""))
+    for key, value in (("optim.lr", o.lr), *((f"train.{k}", t[k]) for k in ("tokens", "epochs") if t.get(k) is not None)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key}={value!r}: a number >= 0")
+    for key, hi, what in (("time_limit", math.inf, "seconds > 0"), ("stop_acc", 1, "an accuracy in (0, 1]")):
+        v = t.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi):
+            raise ConfigError(f"train.{key}={v!r}: {what}, or null")
+    if o.lr == 0:
+        print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
+    check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
+    seq = cfg.model.seq_len
+    if t.get("batch_size"):  # in sequences (synthetic tasks); global_batch_tokens is then derived
+        per_micro = t.micro_batch * world
+        if t.batch_size % per_micro:
+            raise ConfigError(f"train.batch_size={t.batch_size} is not a multiple of micro_batch x world_size = "
+                              f"{t.micro_batch} x {world}; e.g. batch_size={max(1, round(t.batch_size / per_micro)) * per_micro}")
+        accum, batch_tokens = t.batch_size // per_micro, t.batch_size * seq
+    else:
+        per_micro = t.micro_batch * seq * world
+        if t.global_batch_tokens % per_micro:
+            raise ConfigError(
+                f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of micro_batch x seq_len x "
+                f"world_size = {t.micro_batch} x {seq} x {world} = {per_micro}; e.g. global_batch_tokens="
+                f"{max(1, round(t.global_batch_tokens / per_micro)) * per_micro}")
+        accum, batch_tokens = t.global_batch_tokens // per_micro, t.global_batch_tokens
+    if t.get("epochs") and t.steps is None and not is_task(cfg.data):
+        raise ConfigError("train.epochs counts passes over a synthetic task's examples; for text use train.tokens "
+                          "or train.steps")
+    steps = t.steps if t.steps is not None else (None if t.get("epochs") else int(t.tokens // batch_tokens))
+    if steps is not None and steps < 1:
+        raise ConfigError(f"the budget gives {steps} steps: raise train.tokens or set train.steps")
+    if is_task(cfg.data) and cfg.data.get("seq_len", 0) > seq:
+        raise ConfigError(f"data={cfg.data.name} trains on sequences of {cfg.data.seq_len} tokens but model.seq_len="
+                          f"{seq}; set model.seq_len={cfg.data.seq_len} (the task configs in conf/task/ do)")
+    if o.schedule not in SCHEDULES:
+        raise ConfigError(f"optim.schedule={o.schedule!r}; valid choices: {list(SCHEDULES)}")
+    if cfg.logger.mode not in LOGGER_MODES:
+        raise ConfigError(f"logger.mode={cfg.logger.mode!r}; valid choices: {list(LOGGER_MODES)}")
+    if t.dtype not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: ['auto', 'bf16', 'fp32']")
+    if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
+        raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
+    if t.get("strategy", "ddp") not in STRATEGIES:
+        raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
+    if t.get("doc_boundaries") and is_task(cfg.data):
+        raise ConfigError(f"train.doc_boundaries packs text documents; data={cfg.data.name} is a synthetic task whose "
+                          "examples are already separate sequences: leave it false")
+    if t.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train.device={t.device!r}; valid choices: ['auto', 'cpu', 'cuda']")
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
+    if str(cfg.resume) not in ("auto", "never") and not Path(str(cfg.resume)).is_file():
+        raise ConfigError(f"resume={cfg.resume!r}: not a checkpoint file; valid: auto, never, or a path to a .pt file")
+    return {"steps": steps, "grad_accum": accum, "batch_tokens": batch_tokens}

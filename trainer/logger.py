@@ -1,0 +1,148 @@
+"""What a run reports: every logged row to out_dir/metrics.jsonl, the same to wandb (offline without credentials),
+a line to the console; and the throughput numbers of those rows (tokens/s, MFU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from common.io import write_atomic
+
+LOGGER_MODES = ("auto", "online", "offline", "disabled")
+# Dense bf16 peak FLOP/s per device, for MFU. Matched by substring of torch.cuda.get_device_name().
+PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12, "B100": 1750e12,
+    "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L40": 181e12, "A6000": 155e12, "A40": 150e12,
+    "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12,
+}
+
+
+def sweep_config():
+    """Hydra's config of this job when it is one job of a multirun sweep, else None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+    except ImportError:
+        return None
+    return HydraConfig.get() if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN else None
+
+
+def default_out_dir(cfg) -> Path:
+    """outputs/<run_name>, or in a Hydra multirun the job's own sweep folder (so sweep jobs never share one)."""
+    sweep = sweep_config()
+    return Path(sweep.runtime.output_dir) if sweep else Path("outputs") / cfg.run_name
+
+
+class Logger:
+    """metrics.jsonl always; wandb when enabled (offline without credentials); console through tqdm."""
+
+    def __init__(self, cfg, out_dir: Path, enabled: bool, run_id: str | None, start_step: int = 0):
+        self.enabled, self.wandb, self.wandb_from = enabled, None, 0
+        if enabled:
+            self._truncate(out_dir / "metrics.jsonl", start_step)
+        self.file = open(out_dir / "metrics.jsonl", "a") if enabled else None
+        if not enabled or cfg.logger.mode == "disabled":
+            return
+        import wandb
+        mode = cfg.logger.mode
+        if mode == "auto":
+            mode = "online" if (os.environ.get("WANDB_API_KEY") or wandb_logged_in()) else "offline"
+        from omegaconf import OmegaConf
+        sweep = sweep_config()  # a sweep's jobs share a wandb group named after its folder, unless logger.group says
+        group = cfg.logger.group or (Path(sweep.sweep.dir).name if sweep else None)
+        self.wandb = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, group=group,
+                                tags=list(cfg.logger.tags), name=cfg.run_name, dir=str(out_dir), mode=mode,
+                                id=run_id, resume="allow", config=OmegaConf.to_container(cfg, resolve=True))
+        # a resumed wandb run refuses steps below its last one (the crashed attempt logged them): do not send them
+        self.wandb_from = self.wandb.step if run_id else 0
+
+    @staticmethod
+    def _truncate(path: Path, step: int):
+        """Drop the rows after `step` (what a killed run logged past its last checkpoint), atomically: the resumed
+        run logs those steps again, and the file keeps one row per step and kind."""
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines()
+        def row(ln):
+            try:
+                return json.loads(ln)
+            except ValueError:
+                return None  # a line cut short by the kill
+        keep = [ln for ln in lines if (r := row(ln)) is not None and r.get("step", 0) <= step]
+        if len(keep) != len(lines):
+            write_atomic(path, "".join(ln + "\n" for ln in keep))
+
+    @property
+    def run_id(self):
+        return self.wandb.id if self.wandb is not None else None
+
+    def log(self, row: dict):
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None and row["step"] >= self.wandb_from:
+            self.wandb.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=row["step"])
+
+    def close(self):
+        if self.file:
+            self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+class StepMeter:
+    """The numbers of a log row: the mean loss since the last row (averaged over ranks), tokens/s, MFU, peak memory.
+    Losses stay on the device between rows: only a row waits for the GPU."""
+
+    def __init__(self, rt, batch_tokens: int, flops_per_token: float):
+        self.rt, self.batch_tokens, self.flops_per_token = rt, batch_tokens, flops_per_token
+        self.peak = peak_flops(rt.device)
+        self.loss_sum = torch.zeros((), device=rt.device)
+        self.restart()
+
+    def restart(self):
+        """Start the throughput clock again (after an evaluation or a checkpoint, which are not training)."""
+        self.t0, self.tokens, self.steps = time.perf_counter(), 0, 0
+
+    def add(self, loss: torch.Tensor):
+        self.loss_sum += loss
+        self.tokens += self.batch_tokens
+        self.steps += 1
+
+    def row(self, step: int, lr: float, grad_norm: torch.Tensor) -> dict:
+        rt = self.rt
+        rt.mean(self.loss_sum)
+        if rt.cuda:
+            torch.cuda.synchronize()
+        tps = self.tokens / (time.perf_counter() - self.t0)
+        row = {"step": step, "loss": self.loss_sum.item() / max(1, self.steps), "lr": lr,
+               "grad_norm": grad_norm.item(), "tokens_per_s": tps,
+               "mfu": self.flops_per_token * tps / (self.peak * rt.world) if self.peak else None,
+               "tokens": step * self.batch_tokens,
+               "peak_mem_gib": torch.cuda.max_memory_allocated(rt.device) / 2 ** 30 if rt.cuda else None}
+        self.loss_sum.zero_()
+        self.restart()
+        return row
+
+    @staticmethod
+    def line(row: dict) -> str:
+        mfu = f" mfu {row['mfu']:.3f}" if row["mfu"] else ""
+        return (f"loss {row['loss']:.4f} | lr {row['lr']:.2e} | grad {row['grad_norm']:.2f} | "
+                f"{row['tokens_per_s']:,.0f} tok/s{mfu}")
+
+
+def wandb_logged_in() -> bool:
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text()
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)

@@ -1,0 +1,67 @@
+"""AdamW with decay groups, the learning-rate schedules, and one optimizer step over accumulated micro-batches."""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+
+from .runtime import training_backends
+
+SCHEDULES = ("cosine", "wsd", "linear", "constant")
+
+
+def lr_lambda(o, total: int):
+    """The multiplier of optim.lr at each step: linear warmup, then cosine / WSD / linear / constant."""
+    warm = int(o.warmup * total) if o.warmup < 1 else int(o.warmup)
+    lo = o.min_lr_ratio
+
+    def f(step):
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        if o.schedule == "cosine":
+            p = (step - warm) / max(1, total - warm)
+            return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0)))
+        if o.schedule == "linear":
+            return 1.0 - (1 - lo) * min(1.0, (step - warm) / max(1, total - warm))
+        if o.schedule == "wsd":
+            start = total - int(o.decay_fraction * total)
+            return 1.0 if step < start else 1.0 - (1 - lo) * (step - start) / max(1, total - start)
+        return 1.0
+    return f
+
+
+def make_optimizer(model, o, fused: bool):
+    """Decay matrices (and embeddings); never norms, biases or other vectors."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
+
+
+def make_schedule(optimizer, o, total: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, total))
+
+
+def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, autocast, grad_clip: float | None,
+               skip_sync=None):
+    """One optimizer step over `accum` micro-batches (an iterable of device tensors x, y): gradients accumulate
+    (under `skip_sync()` the gradient reduction across ranks waits for the last one), are clipped, and the optimizer
+    and schedule advance. Returns the mean loss and the gradient norm as device tensors: nothing here waits for the
+    GPU."""
+    loss_sum = 0.0
+    for micro, (x, y, *cu) in enumerate(micro_batches):  # (x, y) or (x, y, cu_seqlens)
+        sync = skip_sync() if skip_sync is not None and micro < accum - 1 else nullcontext()
+        with sync, autocast, training_backends():
+            _, loss = train_model(x, y, cu_seqlens=cu[0]) if cu else train_model(x, y)
+        (loss / accum).backward()
+        loss_sum = loss_sum + loss.detach() / accum
+    # grad_clip null: the norm is still computed (for the log and the non-finite check), nothing is clipped
+    grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), math.inf if grad_clip is None else grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm

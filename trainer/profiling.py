@@ -1,0 +1,39 @@
+"""train.profile_steps=N: a torch.profiler trace of N steps after 3 warm-up steps (compilation, autotuning), written
+to out_dir/profile/ (open trace.json in https://ui.perfetto.dev) with a table of the costliest ops."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+class Profiler:
+    def __init__(self, n: int, out_dir: Path, master: bool, device):
+        from torch.profiler import ProfilerActivity, profile, schedule
+        self.dir, self.master, self.n = out_dir / "profile", master, n
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.prof = profile(activities=acts, schedule=schedule(wait=0, warmup=3, active=n, repeat=1),
+                            on_trace_ready=self._write)
+        self.prof.start()
+        self.running = True
+
+    def step(self, i: int):
+        """Called before step i of this process (the profiler counts the steps that ended)."""
+        if i > 0 and self.running:
+            self.prof.step()
+            if i >= 3 + self.n:
+                self.close()
+
+    def close(self):
+        if self.running:
+            self.prof.stop()
+            self.running = False
+
+    def _write(self, prof):
+        if not self.master:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(self.dir / "trace.json"))
+        sort = "cuda_time_total" if any(e.device_type.name == "CUDA" for e in prof.events()) else "cpu_time_total"
+        (self.dir / "ops.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+        print(f"profile of {self.n} steps: {self.dir}/trace.json, {self.dir}/ops.txt", file=sys.stderr)

@@ -1,0 +1,191 @@
+"""Where a run executes: rank, world size, device and autocast, DDP / FSDP2 wrapping, and the model and optimizer
+state gathered whatever the strategy (so a checkpoint loads under any strategy and world size)."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+def training_backends():
+    """The context train_step runs in: torch's SDPA tries cuDNN first. On an H100 its causal attention is 1.6x faster
+    than FlashAttention-2 (docs/attention/bench_attention.md) but torch ranks it after flash, efficient and math.
+    (Inference, whose shapes change call after call, uses model.gpt.varying_shapes instead.)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH], set_priority=True)
+
+
+@dataclass
+class Runtime:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    distributed: bool = False
+    fsdp: bool = False
+    bf16: bool = False
+    no_sync: object = None  # the wrapper's "skip the gradient all-reduce" context, set by wrap()
+    started: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def start(cls, cfg) -> "Runtime":
+        """From torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and train.device / dtype / strategy; joins the
+        process group."""
+        t = cfg.train
+        rt = cls()
+        rt.distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        if rt.distributed:
+            rt.rank, rt.world, rt.local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+        rt.fsdp = rt.distributed and t.get("strategy", "ddp") == "fsdp"
+        cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
+        rt.device = torch.device(f"cuda:{rt.local_rank}" if cuda else "cpu")
+        rt.bf16 = t.dtype == "bf16" or (t.dtype == "auto" and cuda)
+        if rt.distributed:
+            if cuda:
+                torch.cuda.set_device(rt.device)
+            dist.init_process_group(backend="nccl" if cuda else "gloo")
+        return rt
+
+    @staticmethod
+    def world_size() -> int:
+        """The number of processes torchrun started (1 without torchrun), before any process group exists."""
+        return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+
+    def describe(self) -> str:
+        return (f"world {self.world}{' (FSDP)' if self.fsdp else ' (DDP)' if self.distributed else ''}; device "
+                f"{self.device}, {'bf16 autocast' if self.bf16 else 'fp32'}")
+
+    # -------------------------------------------------------------------------------------------- wrapping
+    def shard(self, model):
+        """train.strategy=fsdp: FSDP2 shards each block, then the rest (embeddings, head), over all ranks; parameters
+        become DTensors and are gathered one block at a time in forward and backward. Before the optimizer exists."""
+        if not self.fsdp:
+            return model
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    def wrap(self, model, compile: bool):
+        """The module the loop calls: compiled if asked, then DDP (FSDP has sharded the model in place)."""
+        train_model = torch.compile(model) if compile else model
+        if self.fsdp:
+            self.no_sync = lambda: _fsdp_no_sync(model)
+        elif self.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            # gradient_as_bucket_view: gradients live in the all-reduce buckets (no copy in, no second copy in
+            # memory); no buffer broadcast before every forward: the buffers are constants (RoPE tables, slopes)
+            train_model = DDP(train_model, device_ids=[self.local_rank] if self.cuda else None,
+                              gradient_as_bucket_view=True, broadcast_buffers=False)
+            self.no_sync = train_model.no_sync
+        return train_model
+
+    def close(self):
+        """Leave the process group. The caller drops its DDP wrapper first: were DDP's reducer to drop the last
+        reference to the gloo process group, the group's destructor would join gloo's worker threads while holding
+        the GIL, and a worker that still frees the last collective's tensors needs the GIL (a deadlock seen on
+        loaded CPU machines). no_sync is DDP's bound method: it holds the wrapper too."""
+        self.no_sync = None
+        if self.distributed:
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------------------------------ collectives
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """x averaged over ranks, in place."""
+        if self.distributed:
+            dist.all_reduce(x)
+            x /= self.world
+        return x
+
+    def master_decides(self, flag: bool) -> bool:
+        """Rank 0's answer for all (ranks that disagreed, e.g. on a clock, would wait on each other forever)."""
+        t = torch.tensor(float(flag), device=self.device)
+        if self.distributed:
+            dist.broadcast(t, 0)
+        return bool(t.item())
+
+    def all_finite(self, tensors) -> bool:
+        """Whether every tensor (the local shards under FSDP) is finite on every rank: one reduction, one sync."""
+        local = [x.to_local() if hasattr(x, "to_local") else x for x in tensors]  # FSDP: DTensor shards
+        flags = [torch.isfinite(x).all() for x in local if torch.is_tensor(x) and x.is_floating_point()]
+        ok = torch.stack(flags).all().float() if flags else torch.ones(())
+        if self.distributed:
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
+    def gather_objects(self, obj) -> list:
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self):
+        if self.distributed:
+            dist.barrier()
+
+    # ------------------------------------------------------------------------------------------------ state
+    def model_state(self, model) -> dict:
+        """The whole model's state dict, whatever the strategy (FSDP: gathered to rank 0; a collective)."""
+        if not self.fsdp:
+            return model.state_dict()
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        return get_model_state_dict(model, options=_full_state_options())
+
+    def optimizer_state(self, model, optimizer) -> dict:
+        """Optimizer state keyed by parameter name (FSDP's full form), so a checkpoint loads under any strategy and
+        world size. FSDP: gathered to rank 0 (a collective)."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+            return get_optimizer_state_dict(model, optimizer, options=_full_state_options())
+        sd = optimizer.state_dict()  # keyed by position over the param groups
+        names = {id(p): n for n, p in model.named_parameters()}
+        key = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+        return {"state": {key[i]: v for i, v in sd["state"].items()},
+                "param_groups": [{**g, "params": [key[i] for i in g["params"]]} for g in sd["param_groups"]]}
+
+    def load_optimizer_state(self, model, optimizer, sd: dict) -> None:
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(full_state_dict=True))
+            return
+        groups = sd["param_groups"]
+        if groups and groups[0]["params"] and isinstance(groups[0]["params"][0], str):  # by name -> by position
+            pos = {n: i for i, n in enumerate(n for g in groups for n in g["params"])}
+            sd = {"state": {pos[n]: v for n, v in sd["state"].items()},
+                  "param_groups": [{**g, "params": [pos[n] for n in g["params"]]} for g in groups]}
+        optimizer.load_state_dict(sd)
+
+
+@contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _full_state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
