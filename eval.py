@@ -112,6 +112,16 @@ def sample(model, tok, cfg, device, autocast) -> dict:
     return {"prompt": cfg.prompt, "text": text}
 
 
+def compose_config(overrides):
+    """train.py's config for these overrides, from inside a Hydra app (eval.py's) or outside one."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=list(overrides))
+    with initialize_config_dir(str(Path(__file__).resolve().parent / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
 def fresh_models(specs, device, size: str = "tiny", seq_len: int | None = None, vocab: int = 256):
     """'backbone/pe' -> (label, a model at init of conf/model/<size>.yaml), for kernel pictures and benchmarks."""
     from omegaconf import OmegaConf
@@ -124,11 +134,11 @@ def fresh_models(specs, device, size: str = "tiny", seq_len: int | None = None, 
             if not (conf / group / f"{name}.yaml").is_file():
                 choices = sorted(f.stem for f in (conf / group).glob("*.yaml"))
                 raise ConfigError(f"kernel.fresh entry {spec!r}: unknown {group} {name!r}; valid choices: {choices}")
-        size_cfg = OmegaConf.to_container(OmegaConf.load(conf / "model" / f"{size}.yaml"))
+        cfg = compose_config([f"backbone={b}", f"pe={p}", f"model={size}"])  # presets extend their schemas
+        size_cfg = OmegaConf.to_container(cfg.model, resolve=True)
         size_cfg["seq_len"] = seq_len or size_cfg["seq_len"]
         torch.manual_seed(0)
-        model = build_model(OmegaConf.load(conf / "backbone" / f"{b}.yaml"), OmegaConf.load(conf / "pe" / f"{p}.yaml"),
-                            size_cfg, vocab)
+        model = build_model(cfg.backbone, cfg.pe, size_cfg, vocab)
         yield f"{b} + {p} (init)", model.to(device).eval()
 
 

@@ -23,5 +23,6 @@ def run(cfg):
 
 
 if __name__ == "__main__":
+    import model  # noqa: F401  (registers the backbone / pe schemas that the config composes)
     from common.cli import cli
     cli(run, "config")

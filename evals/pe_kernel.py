@@ -36,14 +36,24 @@ def relative_kernel(model, idx: torch.Tensor, layer: int = 0) -> dict[str, torch
         seen.setdefault(name, value)
 
     hooks = [mixer.register_forward_pre_hook(lambda m, a: keep("x", a[0]))]
-    if pe is not None:
-        hooks.append(pe.register_forward_pre_hook(lambda m, a, kw: keep("qk", (a[0], a[1], kw.get("x"))),
-                                                  with_kwargs=True))
+    spied = [h for h in ("rotate", "scores") if pe is not None]  # the q, k (and x) the mixer hands its scheme
+
+    def spy(hook):
+        method = getattr(pe, hook)
+
+        def call(q, k, *args, **kw):
+            keep("qk", (q, k, (args[0] if args else kw.get("x")) if hook == "rotate" else None))
+            return method(q, k, *args, **kw)
+        return call
+    for h in spied:
+        setattr(pe, h, spy(h))
     try:
         model(idx)
     finally:
         for h in hooks:
             h.remove()
+        for h in spied:
+            delattr(pe, h)  # the class's method again
     x = seen["x"]
     B, T = x.shape[:2]
     out = {}
@@ -55,7 +65,7 @@ def relative_kernel(model, idx: torch.Tensor, layer: int = 0) -> dict[str, torch
     if pe is not None and pe.kind == "score":
         q, k, _ = seen["qk"]
         a = log_weight_bias(T, T, device=x.device, dtype=torch.float64,
-                            **{n: t.double() for n, t in pe(q, k, offset=0).items()})
+                            **{n: t.double() for n, t in pe.scores(q, k).items()})
         log_weight += a[:, :, -1].expand(B, mixer.n_heads, T).transpose(1, 2)  # row t = T - 1
     if gate is not None or pe is None or pe.kind == "score":  # rotary-only layers have no log-weight
         out["log-weight"] = log_weight.mean(0).T.flip(-1)  # [H, n]
@@ -64,7 +74,7 @@ def relative_kernel(model, idx: torch.Tensor, layer: int = 0) -> dict[str, torch
             q, _, xin = seen["qk"]
             phi = pe.theta.double() * torch.cumsum(pe.increments(q, xin).double(), 1)  # [B, T, H, D/2]
         else:
-            phi = pe.angles(T, 0, mixer.qk_head_dim, x.device).double()[None].expand(B, T, mixer.n_heads, -1)
+            phi = pe.angles(T, 0, pe.dims.rotary_dim, x.device).double()[None].expand(B, T, mixer.n_heads, -1)
         cos = torch.cos(phi[:, -1:] - phi).mean(-1)  # [B, j, H]
         out["rotation"] = cos.mean(0).T.flip(-1)
     return out

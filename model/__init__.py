@@ -6,14 +6,30 @@ choices: an unknown backbone or scheme, a scheme the backbone cannot use, an unk
 
 from __future__ import annotations
 
+from common.errors import ConfigError
+
+from .core.context import Dims
+from .core.options import defaults, register_schemas
 from .gpt import GPT, Cache, ModelConfig
 from .mixers import REGISTRY as MIXERS
 from .mixers.base import Mixer
 from .pe import REGISTRY as SCHEMES
-from .pe import ConfigError, Dims, build_pe
+from .pe import build_pe
 from .pe.base import check_options
 
-__all__ = ["GPT", "Cache", "ModelConfig", "ConfigError", "build_model", "check_model_config", "valid_schemes"]
+__all__ = ["GPT", "Cache", "ModelConfig", "ConfigError", "build_model", "check_model_config", "valid_schemes",
+           "with_defaults"]
+
+# conf/backbone/<name>.yaml and conf/pe/<name>.yaml extend these (model/core/options.py)
+register_schemas("backbone", MIXERS)
+register_schemas("pe", SCHEMES)
+
+
+def with_defaults(group: str, cfg: dict) -> dict:
+    """A backbone or pe config with every option its class has (a checkpoint written when the yaml listed fewer)."""
+    registry = {"backbone": MIXERS, "pe": SCHEMES}[group]
+    cls = registry.get(cfg.get("name"))
+    return {**defaults(cls), **cfg} if cls is not None else dict(cfg)
 
 
 def valid_schemes(backbone: str) -> list[str]:
@@ -65,14 +81,13 @@ def build_model(backbone, pe, model, vocab_size: int) -> GPT:
     if model.get("head") == "auto":  # train.py resolves it from the data; text needs the LM head
         model = {**model, "head": "lm"}
     cfg = ModelConfig(vocab_size=vocab_size, **{k: v for k, v in model.items() if k not in ("name", "vocab_size")})
-    dims = Dims(cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.seq_len)
     mixer_cls = MIXERS[backbone["name"]]
     options = {k: v for k, v in backbone.items() if k != "name"}
+    # everything a scheme is shaped by, known before any mixer exists
+    dims = Dims(cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.seq_len,
+                qk_dim=mixer_cls.qk_dim(cfg.d_model, cfg.n_heads, **options), softmax=mixer_cls.softmax)
     relative = SCHEMES[pe["name"]].kind not in ("none", "absolute")  # built per layer, owned by the mixer
     mixers: list[Mixer] = [mixer_cls(cfg.d_model, cfg.n_heads, build_pe(pe, dims) if relative else None, **options)
                            for _ in range(cfg.n_layer)]
-    for m in mixers:
-        if m.pe is not None:
-            m.pe.bind(m)
     abs_pe = build_pe(pe, dims) if SCHEMES[pe["name"]].kind == "absolute" else None
     return GPT(cfg, mixers, abs_pe)

@@ -25,7 +25,8 @@ from torch import nn
 from kernels.documents import per_document
 from kernels.linear_ce import linear_cross_entropy
 
-from .mixers.base import residual_linear
+from .core.context import TRAINING, Context, LayerState
+from .core.layers import residual_linear
 from .pe.sinusoidal import sinusoid_table
 
 
@@ -78,27 +79,25 @@ class Block(nn.Module):
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden) if cfg.mlp_hidden else None
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx: Context = TRAINING):
         h = self.norm1(x)
-        if cu_seqlens is None:
-            h = self.mixer(h, cache)
-        elif self.mixer.packed:  # its kernels take the document boundaries
-            h = self.mixer(h, cu_seqlens=cu_seqlens)
+        if ctx.cu_seqlens is None or self.mixer.packed:  # packed: its kernels take the document boundaries
+            h = self.mixer(h, ctx)
         else:
-            h = per_document(self.mixer, cu_seqlens, h)
+            h = per_document(self.mixer, ctx.cu_seqlens, h)
         x = x + h
         return x + self.mlp(self.norm2(x)) if self.mlp is not None else x
 
 
 @dataclass
 class Cache:
-    """Generation state: the number of tokens seen, and one dict per layer that its mixer fills."""
+    """Generation state: the number of tokens seen (the position of the next one), and each layer's LayerState."""
     n_layer: int
     offset: int = 0
-    layers: list = field(default_factory=list)
+    layers: list[LayerState] = field(default_factory=list)
 
     def __post_init__(self):
-        self.layers = [{} for _ in range(self.n_layer)]
+        self.layers = [LayerState() for _ in range(self.n_layer)]
 
 
 class GPT(nn.Module):
@@ -136,14 +135,15 @@ class GPT(nn.Module):
         loss comes without logits (None). cu_seqlens [N + 1]: idx [1, T] packs N documents (boundaries at
         cu_seqlens), and no token sees another document's (data/shards.py, pack_documents)."""
         x = self.wte(idx)
+        offset = 0 if cache is None else cache.offset
         if self.abs_pe is not None:
             if cu_seqlens is None:
-                x = self.abs_pe(x, 0 if cache is None else cache.offset)
+                x = self.abs_pe.embed(x, Context(offset))
             else:  # positions restart at each document
-                x = per_document(lambda d: self.abs_pe(d, 0), cu_seqlens, x)
+                x = per_document(self.abs_pe.embed, cu_seqlens, x)
         x = self.embed_norm(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if cache is None else cache.layers[i], cu_seqlens)
+            x = block(x, Context(offset, cu_seqlens, None if cache is None else cache.layers[i]))
         if cache is not None:
             cache.offset += idx.shape[1]
         if self.decoder is not None:

@@ -10,7 +10,7 @@ a row's growth with T is the kernel's non-linear cost):
   (GLA, per-channel gate), gated with a scalar gate (RetNet / Mamba2), delta rule, gated delta rule, gated Oja;
   PaTH attention and PaTH-FoX (FLA's parallel_path_attn via kernels/path_attention.py);
 - softmax attention as the yardstick in the same run: SDPA (cuDNN) and our decayed-attention kernel with FoX's gate;
-- the short convolution of the Gated DeltaNet / FoX / PaTH mixers (model/mixers/layers.py ShortConv: FLA's kernel)
+- the short convolution of the Gated DeltaNet / FoX / PaTH mixers (model/core/layers.py ShortConv: FLA's kernel)
   against F.conv1d (cuDNN depthwise, compiled) on [B, T, 1024];
 - the loss: kernels/linear_ce.py against F.linear + F.cross_entropy, both compiled, 32,768 tokens x 768 -> 50,304,
   under bf16 autocast with an fp32 weight, as in training.
@@ -72,7 +72,7 @@ def sequence_cases(B, T):
 
 
 def conv_cases(B, T, C=1024):
-    from model.mixers.layers import ShortConv
+    from model.core.layers import ShortConv
     conv = ShortConv(C).cuda()
     ours = lambda x: conv(x)  # noqa: E731
     cudnn = torch.compile(lambda x: F.silu(F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), conv.weight.to(x.dtype),

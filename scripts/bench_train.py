@@ -312,7 +312,7 @@ def main():
     ap.add_argument("--loop", action="store_true", help="measure the training loop's overhead instead")
     ap.add_argument("--profile", action="store_true", help="write each case's top kernels (torch.profiler) to --out")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="Hydra overrides for every case but ref, e.g. model.fused_loss=true +backbone.short_conv=true")
+                    help="Hydra overrides for every case but ref, e.g. model.fused_loss=true backbone.short_conv=true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "throughput"))
     ap.add_argument("--tag", default="", help="suffix of the output files")
     ap.add_argument("--resume", action="store_true", help="keep the rows of bench_train{tag}.partial.json in --out "

@@ -16,6 +16,7 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 def compose(overrides=(), config_name="config"):
     """The exact config train.py / eval.py would see for these command-line overrides."""
+    import model  # noqa: F401  (registers the backbone / pe schemas, as importing train.py does)
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):

@@ -112,3 +112,28 @@ def test_cycle_finder_finds_cycles():
 def test_train_script_is_short():
     """train.py is the loop a newcomer reads in one sitting; the parts live in trainer/."""
     assert len((ROOT / "train.py").read_text().splitlines()) <= 150
+
+
+def test_every_backbone_and_scheme_option_is_in_the_composed_config():
+    """`train.py backbone=X --cfg job` shows every option of X with its default: the yaml preset extends the schema
+    made from the constructor, so the config and the code cannot disagree on what exists; a wrong type or an unknown
+    key fails while composing, naming the key."""
+    import pytest
+    from conftest import compose
+    from hydra.errors import ConfigCompositionException
+
+    from model.core.options import defaults
+    from model.mixers import REGISTRY as MIXERS
+    from model.pe import REGISTRY as SCHEMES
+    for group, registry in (("backbone", MIXERS), ("pe", SCHEMES)):
+        for preset in sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")):
+            cfg = compose([f"{group}={preset}"])[group]
+            cls = registry[cfg.name]
+            assert set(cfg) == {"name", *defaults(cls)}, (group, preset)
+            if preset == cfg.name:  # the plain preset: a value differs from the code's default only on purpose
+                changed = {k for k, v in defaults(cls).items() if cfg[k] != v}
+                assert changed <= {"source", "rank"}, (preset, changed)  # Selective RoPE: the released code's form
+    with pytest.raises(ConfigCompositionException, match="qk_norm"):
+        compose(["backbone=fox", "backbone.qk_norm=maybe"])
+    with pytest.raises(ConfigCompositionException, match="foo"):
+        compose(["backbone=gla", "backbone.foo=1"])

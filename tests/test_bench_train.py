@@ -33,7 +33,7 @@ def test_reference_is_gpt2_small():
 
 
 def test_overrides_reach_every_case():
-    model, _ = bench_train.build("fox+nope", "tiny", 32, 128, ["model.fused_loss=true", "+backbone.short_conv=true"])
+    model, _ = bench_train.build("fox+nope", "tiny", 32, 128, ["model.fused_loss=true", "backbone.short_conv=true"])
     assert model.cfg.fused_loss and model.blocks[0].mixer.conv is not None
     with pytest.raises(Exception, match="no_such_key"):
         bench_train.build("transformer+rope", "tiny", 32, 128, ["model.no_such_key=1"])

@@ -7,7 +7,7 @@ import torch
 
 from kernels.attention import decayed_attention, decayed_attention_reference
 from kernels.rotary import cumulative_angles, rope_frequencies, rotate
-from model.pe import Dims
+from model.core import Context, Dims
 from model.pe.alibi import ALiBi, alibi_slopes
 from model.pe.rope import RoPE
 from model.pe.sinusoidal import sinusoid_table
@@ -61,7 +61,7 @@ def test_rope_is_cumulative_rotation_with_constant_increments():
     q, k = torch.randn(2, 20, 4, 8), torch.randn(2, 20, 4, 8)
     theta = rope_frequencies(8).to(torch.float32)
     phi = cumulative_angles(theta.expand(20, 4).unsqueeze(0), dim=1) - theta  # sum over s = 1..t of theta = t theta
-    rq, rk = rope(q, k, offset=0)
+    rq, rk = rope.rotate(q, k)
     torch.testing.assert_close(rq, rotate(q, phi[:, :, None, :]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rk, rotate(k, phi[:, :, None, :]), rtol=1e-5, atol=1e-5)
 
@@ -69,7 +69,7 @@ def test_rope_is_cumulative_rotation_with_constant_increments():
 def test_rope_scores_depend_only_on_distance():
     rope = RoPE(Dims(8, 1, 8, 64))
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
-    s = [(rope(q, k, offset=o)[0] * rope(q, k, offset=o + 3)[1]).sum() for o in (0, 7, 40)]
+    s = [(rope.rotate(q, k, ctx=Context(o))[0] * rope.rotate(q, k, ctx=Context(o + 3))[1]).sum() for o in (0, 7, 40)]
     torch.testing.assert_close(torch.stack(s), s[0].expand(3), rtol=1e-5, atol=1e-5)
 
 
@@ -78,7 +78,7 @@ def test_alibi_equals_explicit_linear_bias():
     (seed 002)."""
     H, T = 4, 11
     q, k, v = qkv(T=T, H=H)
-    score = ALiBi(Dims(32, H, 8, 64))(q, k)
+    score = ALiBi(Dims(32, H, 8, 64)).scores(q, k)
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     m = torch.tensor([2 ** (-8 * h / H) for h in range(1, H + 1)])
     bias = -(m[:, None, None] * (i - j).abs()).unsqueeze(0)
@@ -95,7 +95,7 @@ def test_linear_attention_with_rope_is_complex_gated_recurrence():
     B, T, H, D = 2, 9, 1, 8
     q, k, v = qkv(B, T, H, D)
     rope = RoPE(Dims(8, 1, D, 64))
-    rq, rk = rope(q.float(), k.float())
+    rq, rk = rope.rotate(q.float(), k.float())
     o_rope, _ = gated_recurrent(rq.double(), rk.double(), v, torch.zeros(B, T, H, 1, dtype=torch.float64), 1.0)
     omega = rope_frequencies(D).to(torch.complex128)
     qc, kc = torch.complex(q[..., :4], q[..., 4:]), torch.complex(k[..., :4], k[..., 4:])
@@ -127,7 +127,7 @@ def test_t5_bias_lookup():
     pe = T5Bias(Dims(16, 2, 8, 64))
     torch.nn.init.normal_(pe.table)
     q, k = torch.randn(1, 3, 2, 8), torch.randn(1, 10, 2, 8)
-    bias = pe(q, k)["bias"]
+    bias = pe.scores(q, k)["bias"]
     for n, i in enumerate(range(7, 10)):
         for j in range(10):
             expect = pe.table[t5_bucket(torch.tensor(max(i - j, 0)), 32, 128), 1]
@@ -140,7 +140,7 @@ def test_xl_bias_matches_the_four_term_formula():
     torch.nn.init.normal_(pe.u)
     torch.nn.init.normal_(pe.v)
     q, k = torch.randn(1, Tq, H, D), torch.randn(1, Tk, H, D)
-    bias = pe(q, k)["bias"]
+    bias = pe.scores(q, k)["bias"]
     W = pe.W_R.weight.view(H, D, d_model)
     for n, i in enumerate(range(Tk - Tq, Tk)):
         for j in range(i + 1):

@@ -123,7 +123,8 @@ def test_packed_documents_through_the_kernels(backbone, pe):
 def test_short_conv_kernel_matches_reference(packed):
     """ShortConv on CUDA (FLA's causal_conv1d) == its reference on the CPU (float32), output and both gradients, with
     and without document boundaries."""
-    from model.mixers.layers import ShortConv
+    from model.core import Context
+    from model.core.layers import ShortConv
     torch.manual_seed(0)
     conv = ShortConv(96)
     x = torch.randn(1 if packed else 3, 77, 96, requires_grad=True)
@@ -134,7 +135,7 @@ def test_short_conv_kernel_matches_reference(packed):
         c = ShortConv(96).to(dev)
         c.load_state_dict(conv.state_dict())
         xd = x.detach().to(dev).requires_grad_()
-        y = c(xd, cu_seqlens=None if cu is None else cu.to(dev))
+        y = c(xd, Context(cu_seqlens=None if cu is None else cu.to(dev)))
         (y * g.to(dev)).sum().backward()
         outs.append([t.detach().cpu() for t in (y, xd.grad, c.weight.grad)])
     for a, b in zip(*outs):

@@ -154,7 +154,8 @@ def test_short_conv_is_a_causal_depthwise_convolution():
     pieces through its cache it gives the same; packed, each document is convolved as if alone."""
     import torch.nn.functional as F
 
-    from model.mixers.layers import ShortConv
+    from model.core import Context, LayerState
+    from model.core.layers import ShortConv
     torch.manual_seed(0)
     x = torch.randn(2, 11, 6, dtype=torch.float64)
     for act in (True, False):
@@ -162,11 +163,11 @@ def test_short_conv_is_a_causal_depthwise_convolution():
         want = F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), conv.weight, groups=6).transpose(1, 2)
         want = F.silu(want) if act else want
         torch.testing.assert_close(conv(x), want, rtol=1e-12, atol=1e-12)
-        cache = {}
-        pieces = [conv(x[:, a:b], cache) for a, b in ((0, 2), (2, 3), (3, 11))]
+        ctx = Context(state=LayerState())
+        pieces = [conv(x[:, a:b], ctx) for a, b in ((0, 2), (2, 3), (3, 11))]
         torch.testing.assert_close(torch.cat(pieces, 1), want, rtol=1e-12, atol=1e-12)
         cu = torch.tensor([0, 2, 7, 11])
-        packed = conv(x[:1], cu_seqlens=cu)
+        packed = conv(x[:1], Context(cu_seqlens=cu))
         alone = torch.cat([conv(x[:1, a:b]) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
         torch.testing.assert_close(packed, alone, rtol=1e-12, atol=1e-12)
 
@@ -184,3 +185,53 @@ def test_float32_model_equals_float64_model(backbone):
         with torch.no_grad():
             a, b = m(idx)[0], m64(idx)[0]
         assert ((a.double() - b).norm() / b.norm()).item() < 1e-5, backbone
+
+
+@pytest.fixture
+def scaled_rope():
+    """A positional scheme written here, in the test, touching no mixer: RoPE with positions divided by `scale`
+    (position interpolation), phi_t = (t / scale) theta. It subclasses nothing but the scheme interface."""
+    from kernels.rotary import rope_frequencies, rotate
+    from model.pe.base import PositionalScheme, register
+
+    @register("scaled_rope_test")
+    class ScaledRoPE(PositionalScheme):
+        kind = "rotary"
+
+        def __init__(self, dims, *, scale: float = 1.0, base: float = 10000.0):
+            super().__init__(dims)
+            self.scale, self.theta = scale, rope_frequencies(self.rotary_dim(), base)
+
+        def rotate(self, q, k, x=None, ctx=None):
+            T = q.shape[1]
+            pos = ctx.positions(T)
+            pos = torch.arange(ctx.offset, ctx.offset + T) if pos is None else pos
+            phi = (pos.double()[:, None] / self.scale * self.theta)[:, None, :].to(q.dtype)
+            return rotate(q, phi), rotate(k, phi)
+
+    yield ScaledRoPE
+    del SCHEMES["scaled_rope_test"]
+
+
+@pytest.mark.parametrize("backbone", [b for b in sorted(MIXERS) if "rotary" in MIXERS[b].pe_kinds])
+def test_a_new_scheme_needs_no_mixer_change(scaled_rope, backbone):
+    """The seam's promise: a scheme defined outside model/ works in every mixer that takes rotary schemes, through
+    the same calls as the built-in ones. scale=1 is RoPE exactly; scale=2 changes the model; decoding through the
+    cache equals the parallel form; packed documents equal documents alone (mixers whose kernels pack get them)."""
+    assert "scaled_rope_test" in valid_schemes(backbone)
+    m1 = make(backbone, "scaled_rope_test")
+    torch.testing.assert_close(m1(torch.arange(T)[None] % V)[0], make(backbone, "rope")(torch.arange(T)[None] % V)[0],
+                               rtol=1e-9, atol=1e-9)
+    torch.manual_seed(0)
+    m2 = build_model({"name": backbone}, {"name": "scaled_rope_test", "scale": 2.0}, SIZE, V).double().eval()
+    m2.load_state_dict(m1.state_dict())  # the same weights: only the positions differ
+    idx = torch.randint(0, V, (2, T))
+    full, _ = m2(idx)
+    assert not torch.allclose(full, m1(idx)[0])
+    cache = Cache(SIZE["n_layer"])
+    parts = [m2(idx[:, :9], cache=cache)[0]] + [m2(idx[:, i:i + 1], cache=cache)[0] for i in range(9, T)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-10, atol=1e-10)
+    cu = torch.tensor([0, 7, 8, 21, 24])
+    alone = torch.cat([m2(idx[:1, s:e])[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
+    torch.testing.assert_close(m2(idx[:1], cu_seqlens=cu)[0], alone, rtol=1e-9, atol=1e-9)
+    assert m2.blocks[0].mixer.packed == MIXERS[backbone].packable

@@ -12,6 +12,7 @@ import torch
 
 from kernels.rotary import _block_t, cumulative_rotation, cumulative_rotation_reference, rope_frequencies, rotate
 from model import Cache, ConfigError, build_model
+from model.core import Context
 from model.pe.selective_rope import temperatures
 
 interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -66,7 +67,7 @@ def test_rope_is_constant_increments():
     theta = rope_frequencies(8).float()
     for offset in (0, 5):
         phi = torch.arange(offset, offset + 9).float()[:, None, None] * theta
-        rq, rk = RoPE(Dims(24, 3, 8, 64))(q, k, offset=offset)
+        rq, rk = RoPE(Dims(24, 3, 8, 64)).rotate(q, k, ctx=Context(offset))
         torch.testing.assert_close(rq, rotate(q, phi))
         torch.testing.assert_close(rk, rotate(k, phi))
         impls = ["torch"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available() else [])
@@ -77,23 +78,19 @@ def test_rope_is_constant_increments():
 
 
 def test_rope_table_is_the_closed_form():
-    """A bound RoPE reads cos/sin of t * theta from its float64 table up to the training context and computes them
+    """A built RoPE reads cos/sin of t * theta from its float64 table up to the training context and computes them
     past it; both equal rotate(x, t * theta) from float64 angles, values and gradients, on either side of the edge."""
     from model.pe import Dims
     from model.pe.rope import RoPE
 
-    class Mixer:
-        qk_head_dim = 8
-
     torch.manual_seed(3)
     pe = RoPE(Dims(24, 3, 8, 16)).double()
-    pe.bind(Mixer())
     assert pe.cos.dtype == torch.float64 and pe.cos.shape == (16, 1, 4) and "cos" not in pe.state_dict()
     theta = rope_frequencies(8)
     for offset, T in ((0, 16), (5, 11), (10, 9), (20, 3)):  # inside, at the edge, across it, past it
         q, k = (torch.randn(2, T, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
         phi = torch.arange(offset, offset + T, dtype=torch.float64)[:, None, None] * theta
-        rq, rk = pe(q, k, offset=offset)
+        rq, rk = pe.rotate(q, k, ctx=Context(offset))
         torch.testing.assert_close(rq, rotate(q, phi), rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(rk, rotate(k, phi), rtol=1e-12, atol=1e-12)
         g = torch.randn_like(rq)
@@ -101,9 +98,8 @@ def test_rope_table_is_the_closed_form():
         want = torch.autograd.grad((rotate(q, phi) * g).sum() + rotate(k, phi).sum(), (q, k))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    Mixer.qk_head_dim = 7
     with pytest.raises(ValueError, match="head size 7 must be even"):
-        RoPE(Dims(21, 3, 7, 16)).bind(Mixer())
+        RoPE(Dims(21, 3, 7, 16))
 
 
 CASES = [  # (B, T, H, D, increments, phi0)
@@ -279,19 +275,19 @@ def test_generation_path_equals_parallel(backbone, pe):
     cache = Cache(SIZE["n_layer"])
     parts = [m(idx[:, :7], cache=cache)[0]] + [m(idx[:, i:i + 1], cache=cache)[0] for i in range(7, 21)]
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-10, atol=1e-10)
-    assert cache.layers[0]["pe"]["phi"].shape == (2, SIZE["n_heads"], m.blocks[0].mixer.qk_head_dim // 2)
+    assert cache.layers[0].phi.shape == (2, SIZE["n_heads"], m.blocks[0].mixer.pe.dims.rotary_dim // 2)
 
 
 def test_angles_depend_on_input_and_train():
     """The rotation is selective (earlier tokens move later angles) and every parameter gets a gradient."""
     m = _model("gla", **ALL_FLAGS)
     pe = m.blocks[0].mixer.pe
-    q = torch.randn(1, 10, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
+    q = torch.randn(1, 10, 2, m.blocks[0].mixer.pe.dims.rotary_dim, dtype=torch.float64)
     x = torch.randn(1, 10, SIZE["d_model"], dtype=torch.float64)
-    a, _ = pe(q, q, x=x)
+    a, _ = pe.rotate(q, q, x)
     q2 = q.clone()
     q2[:, 2] += 1.0
-    b, _ = pe(q2, q2, x=x)
+    b, _ = pe.rotate(q2, q2, x)
     assert torch.allclose(a[:, :2], b[:, :2]) and not torch.allclose(a[:, 5], b[:, 5])
     idx = torch.randint(0, 40, (2, 16))
     m.train()
@@ -318,17 +314,17 @@ def test_source_x_reads_the_block_input_per_head():
     """source=x: the angles move with x (each head's chunk L2-normalised: its scale does not matter), not with q."""
     m = _model("gla", source="x", rank=8)
     pe = m.blocks[0].mixer.pe
-    q = torch.randn(1, 10, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
+    q = torch.randn(1, 10, 2, m.blocks[0].mixer.pe.dims.rotary_dim, dtype=torch.float64)
     x = torch.randn(1, 10, SIZE["d_model"], dtype=torch.float64)
-    a, _ = pe(q, q, x=x)
+    a, _ = pe.rotate(q, q, x)
     x2 = x.clone()
     x2[:, :, :16] *= 3.0  # head 0's chunk scaled: the same after the per-head L2 norm
-    torch.testing.assert_close(pe(q, q, x=x2)[0], a)
+    torch.testing.assert_close(pe.rotate(q, q, x2)[0], a)
     x2[:, 2] += 1.0
-    b, _ = pe(q, q, x=x2)
+    b, _ = pe.rotate(q, q, x2)
     assert torch.allclose(a[:, :2], b[:, :2]) and not torch.allclose(a[:, 5], b[:, 5])
     with pytest.raises(ValueError, match="source=x needs the block input"):
-        pe(q, q)
+        pe.rotate(q, q)
 
 
 def test_skip_conv_angle_is_the_projection_itself():
@@ -336,7 +332,7 @@ def test_skip_conv_angle_is_the_projection_itself():
     m = _model("gla", source="x", rank=8, skip_conv=True, bias=True)
     pe = m.blocks[0].mixer.pe
     x = torch.randn(2, 9, SIZE["d_model"], dtype=torch.float64)
-    q = torch.zeros(2, 9, 2, m.blocks[0].mixer.qk_head_dim, dtype=torch.float64)
+    q = torch.zeros(2, 9, 2, m.blocks[0].mixer.pe.dims.rotary_dim, dtype=torch.float64)
     u = pe.up(pe.down(torch.nn.functional.normalize(x.view(2, 9, 2, 16), dim=-1).reshape(2, 9, 32))).view(2, 9, 2, -1)
     t = torch.arange(1, 10, dtype=torch.float64)[None, :, None, None]
     torch.testing.assert_close(pe.increments(q, x).cumsum(1), u + t * pe.log_bias.exp())
@@ -405,7 +401,7 @@ def test_selective_rope_equals_figure_9():
         pe.conv.weight.copy_(conv_w[:, None])
         pe.gate.weight.copy_(Wg)
         pe.gate.bias.copy_(bg)
-    got_q, got_k = pe(q, k, x=x)
+    got_q, got_k = pe.rotate(q, k, x)
     # tolerance: l2norm's eps (1e-6 under the square root) against the exact norm above
     torch.testing.assert_close(got_q, want_q[..., perm], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got_k, want_k[..., perm], rtol=1e-6, atol=1e-6)

@@ -65,7 +65,7 @@ def test_generation_equals_parallel(options, pe):
     parts = [m(idx[:, :9], cache=cache)[0]] + [m(idx[:, i:i + 1], cache=cache)[0] for i in range(9, T)]
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-9, atol=1e-9)
     layer = cache.layers[0]
-    assert ("state" in layer and "k" not in layer) if options.get("recurrent") else ("k" in layer)
+    assert (layer.S is not None and layer.k is None) if options.get("recurrent") else (layer.k is not None)
 
 
 def test_gating_and_power_change_the_model_and_train():
@@ -88,7 +88,7 @@ def test_learned_rotation_with_constant_rate_is_rope_with_the_papers_rates():
     pe = m.blocks[0].mixer.pe
     torch.nn.init.zeros_(pe.beta.weight)
     q, k, x = torch.randn(2, 10, 4, 8).double(), torch.randn(2, 10, 4, 8).double(), torch.randn(2, 10, 32).double()
-    rq, rk = pe(q, k, x=x)
+    rq, rk = pe.rotate(q, k, x)
     theta = 2 * math.pi * rope_frequencies(8, SIZE["seq_len"])
     assert theta[0] == 2 * math.pi and abs(theta[-1] - 2 * math.pi / T ** 0.75) < 1e-12
     phi = torch.arange(1, 11, dtype=torch.float64)[:, None, None] * theta.float().double()  # mu_t (beta = 1), the

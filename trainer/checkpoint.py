@@ -194,9 +194,13 @@ def load_weights(model, state: dict, path) -> None:
 
 def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
     from omegaconf import OmegaConf
+
+    from model import with_defaults
     for group in ("backbone", "pe", "model", "optim", "data"):
         now = OmegaConf.to_container(cfg[group], resolve=True)
         then = dict(ckpt_cfg[group])
+        if group in ("backbone", "pe"):  # a run written when the yaml listed fewer options: the defaults it had
+            now, then = with_defaults(group, now), with_defaults(group, then)
         if group == "data":  # where the cache lives does not change the data
             now.pop("cache_dir", None), then.pop("cache_dir", None)
         if group == "model" and now.get("head") == "auto":  # the checkpoint holds the head auto resolved to

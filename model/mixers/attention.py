@@ -7,8 +7,9 @@
     y       = o W_o
 
 A score scheme supplies the log-decay c (ALiBi) and/or the bias b (T5, Transformer-XL); VO-RoPE rotates v_j by R_j
-and the output by R_t^T. The incremental form keeps a KV cache: keys (and values) are cached after rotation, so each
-token is rotated once, at its own position.
+and the output by R_t^T. Every hook is called whatever the scheme (identity where it does not act). The incremental
+form keeps a KV cache: keys (and values) are cached after rotation, so each token is rotated once, at its own
+position.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 from torch import nn
 
 from kernels.attention import decayed_attention
-from kernels.rotary import rotate
 
+from ..core.context import TRAINING
 from .base import Mixer, register, residual_linear
 
 
@@ -26,7 +27,7 @@ from .base import Mixer, register, residual_linear
 class SoftmaxAttention(Mixer):
     softmax = True
     pe_kinds = ("none", "absolute", "rotary", "score", "vo_rotary")
-    packed_schemes = ("nope", "rope", "alibi")
+    packable = True
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False):
         super().__init__(d_model, n_heads, pe)
@@ -35,25 +36,18 @@ class SoftmaxAttention(Mixer):
         self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
-        q, k = self.q_norm(q), self.k_norm(k)
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
-        vo = self.pe is not None and self.pe.kind == "vo_rotary"
-        if vo:
-            phi = self.pe.angles(T, offset, self.head_dim, x.device)
-            v = rotate(v, phi)
-        if cache is not None:
-            if "k" in cache:
-                k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
-            cache.update(k=k, v=v, offset=offset + T)
-        score = self.pe(q, k, offset=offset) if self.pe is not None and self.pe.kind == "score" else {}
-        o = decayed_attention(q, k, v, **score, cu_seqlens=cu_seqlens)
-        if vo:
-            o = rotate(o, -phi)
-        return self.o_proj(o.reshape(B, T, self.d_model))
+        q, k = self.rotate_qk(self.q_norm(q), self.k_norm(k), x, ctx)
+        v = self.rotate_values(v, ctx)
+        state = ctx.state
+        if state is not None:
+            if state.k is not None:
+                k, v = torch.cat([state.k, k], 1), torch.cat([state.v, v], 1)
+            state.k, state.v = k, v
+        o = decayed_attention(q, k, v, **self.scores(q, k, ctx), cu_seqlens=ctx.cu_seqlens)
+        return self.o_proj(self.rotate_output(o, ctx).reshape(B, T, self.d_model))
 
     def flops_per_token(self, seq_len):
         # q.k and p.v: 2 matmuls x 2 FLOPs x d_model x mean causal context (seq_len + 1) / 2

@@ -1,23 +1,31 @@
 """The token-mixer interface and the registry that `conf/backbone/*.yaml` names.
 
-A mixer maps x [B, T, d_model] -> y [B, T, d_model] causally, in two forms that must agree:
+A mixer maps x [B, T, d_model] -> y [B, T, d_model] causally, with one signature, forward(x, ctx), in three forms
+that must agree (model/core/context.py):
 
-    forward(x)              parallel form over the whole sequence (training).
-    forward(x, cache=dict)  incremental form (generation): continue from the state stored in `cache` (an empty dict
-                            at the start of a sequence), write the new state back. Any T works, so a prompt is
-                            prefilled in one call and each new token is a call with T = 1. Softmax attention keeps
-                            a KV cache (memory grows with t); a linear recurrence keeps its fixed-size state S_t.
+    ctx = TRAINING               parallel form over the whole sequence
+    ctx.cu_seqlens               packed documents (only where `packable`: its kernels take the boundaries; else the
+                                 trunk runs it per document)
+    ctx.state                    incremental form (generation): continue from the LayerState at position
+                                 ctx.offset and write the new state back. Any T works, so a prompt is prefilled in
+                                 one call and each new token is a call with T = 1. Softmax attention keeps a KV
+                                 cache (memory grows with t); a linear recurrence keeps its fixed-size state S_t.
 
-Each mixer declares which positional-scheme kinds it accepts (`pe_kinds`, see model/pe/base.py); the relative
-schemes it accepts are built per layer and handed to its constructor. Options in the backbone yaml map one-to-one
-onto the constructor's keyword-only arguments.
+Each mixer declares where a positional scheme may act on it (`pe_kinds`, see model/pe/base.py) and calls the
+scheme's hooks there: the same calls whatever the scheme, so a new scheme needs no mixer change. The relative scheme
+of a layer is built from Dims (known before the mixer: `qk_dim` says the q/k size) and handed to the constructor.
+Options in the backbone yaml map one-to-one onto the constructor's keyword-only arguments.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from kernels.documents import document_positions
+from kernels.attention import cumulative_log_decay, decayed_attention
+
+from ..core.context import TRAINING, Context
+from ..core.layers import residual_linear  # noqa: F401  (re-exported: the mixers' output projections)
 
 REGISTRY: dict[str, type["Mixer"]] = {}
 
@@ -30,24 +38,11 @@ def register(name: str):
     return deco
 
 
-def residual_linear(d_in: int, d_out: int) -> nn.Linear:
-    """A projection that writes into the residual stream: the trunk gives it the scaled init std/sqrt(2 n_layer)."""
-    lin = nn.Linear(d_in, d_out, bias=False)
-    lin.is_residual = True
-    return lin
-
-
 class Mixer(nn.Module):
     name: str = "?"
     pe_kinds: tuple[str, ...] = ("none",)
     softmax: bool = False  # scores go through a softmax (Selective RoPE then L2-normalises q for its angles)
-    # the packed schemes this mixer's forward(x, cu_seqlens=...) handles itself (kernels take document boundaries);
-    # with any other scheme the trunk runs it per document (kernels.documents.per_document)
-    packed_schemes: tuple[str, ...] = ()
-
-    @property
-    def packed(self) -> bool:
-        return (self.pe.name if self.pe is not None else "nope") in self.packed_schemes
+    packable: bool = False  # forward(x, ctx) takes ctx.cu_seqlens in its kernels (with a scheme that is packable too)
 
     def __init__(self, d_model: int, n_heads: int, pe=None):
         super().__init__()
@@ -56,12 +51,17 @@ class Mixer(nn.Module):
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.pe = pe
 
-    @property
-    def qk_head_dim(self) -> int:
-        """Size of the q/k vectors a rotary scheme rotates (GLA's key dim can differ from d_model / n_heads)."""
-        return getattr(self, "dk", self.head_dim)
+    @classmethod
+    def qk_dim(cls, d_model: int, n_heads: int, **options) -> int:
+        """The q/k head size for these options, before anything is built (a rotary scheme's size)."""
+        return d_model // n_heads
 
-    def forward(self, x, cache: dict | None = None):
+    @property
+    def packed(self) -> bool:
+        """Whether the trunk hands this layer packed documents (else it runs it per document)."""
+        return self.packable and (self.pe is None or self.pe.packable)
+
+    def forward(self, x, ctx: Context = TRAINING):
         raise NotImplementedError
 
     def log_gate(self, x):
@@ -74,26 +74,45 @@ class Mixer(nn.Module):
         """Forward FLOPs per token spent outside parameter matmuls (the trunk counts those as 2 * params)."""
         raise NotImplementedError
 
-    def recurrence(self, parallel, step, args, cache, offset, cu_seqlens=None):
+    # the scheme's hooks, where a mixer calls them (identity without a relative scheme)
+    def rotate_qk(self, q, k, x, ctx: Context):
+        return (q, k) if self.pe is None else self.pe.rotate(q, k, x, ctx)
+
+    def scores(self, q, k, ctx: Context) -> dict:
+        return {} if self.pe is None else self.pe.scores(q, k, ctx)
+
+    def rotate_values(self, v, ctx: Context):
+        return v if self.pe is None else self.pe.rotate_values(v, ctx)
+
+    def rotate_output(self, o, ctx: Context):
+        return o if self.pe is None else self.pe.rotate_output(o, ctx)
+
+    @staticmethod
+    def recurrence(parallel, step, args, ctx: Context):
         """The three forms of a linear recurrence `parallel(*args, S0=, output_state=)` / `step(*args, S0=)`:
         training (parallel, no state; packed documents with cu_seqlens), decoding (one recurrent step from the
-        cached state S), prefill (parallel form continuing from and returning S)."""
-        if cache is None:
-            return parallel(*args, cu_seqlens=cu_seqlens)[0] if cu_seqlens is not None else parallel(*args)[0]
-        T = args[0].shape[1]
-        if T == 1:
-            o, S = step(*args, S0=cache.get("S"))
+        state S), prefill (parallel form continuing from and returning S)."""
+        state = ctx.state
+        if state is None:
+            return parallel(*args, cu_seqlens=ctx.cu_seqlens)[0] if ctx.cu_seqlens is not None else parallel(*args)[0]
+        if args[0].shape[1] == 1:
+            o, state.S = step(*args, S0=state.S)
         else:
-            o, S = parallel(*args, S0=cache.get("S"), output_state=True)
-        cache.update(S=S, offset=offset + T)
+            o, state.S = parallel(*args, S0=state.S, output_state=True)
         return o
 
-    def rotate_qk(self, q, k, x, cache, offset, cu_seqlens=None):
-        """Apply a rotary scheme, if any, to q and k [B, T, H, D] at absolute positions offset.. (packed input: at
-        each token's position within its document)."""
-        if self.pe is not None and self.pe.kind == "rotary":
-            if cu_seqlens is not None:
-                return self.pe(q, k, positions=document_positions(cu_seqlens, q.shape[1]))
-            pe_cache = None if cache is None else cache.setdefault("pe", {})
-            q, k = self.pe(q, k, offset=offset, x=x, cache=pe_cache)
-        return q, k
+
+def gated_attention(q, k, v, log_gate, ctx: Context, power: int | None = None):
+    """Softmax (power None) or symmetric-power attention with a forget gate (log_gate [B, T, H], or None), c the
+    cumulative sum of the gate: the training form over the whole sequence, or with a KV cache (keys, values and the
+    running c) for generation: FoX and sympow."""
+    c = None if log_gate is None else cumulative_log_decay(log_gate)
+    state = ctx.state
+    if state is not None:
+        if c is not None and state.c is not None:
+            c = c + state.c[:, -1:]
+        if state.k is not None:
+            k, v = torch.cat([state.k, k], 1), torch.cat([state.v, v], 1)
+            c = None if c is None else torch.cat([state.c, c], 1)
+        state.k, state.v, state.c = k, v, c
+    return decayed_attention(q, k, v, log_decay=c, power=power, cu_seqlens=ctx.cu_seqlens)

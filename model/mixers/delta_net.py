@@ -18,13 +18,14 @@ from torch import nn
 
 from kernels.recurrences import delta_rule, delta_rule_recurrent
 
+from ..core.context import TRAINING
+from ..core.layers import GatedOutput, ScalarDecay, ShortConv, l2norm, up
 from .base import Mixer, register
-from .layers import GatedOutput, ScalarDecay, ShortConv, l2norm, up
 
 
 class _DeltaNet(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
-    packed_schemes = ("nope", "rope")
+    packable = True
     gated = False
 
     def __init__(self, d_model, n_heads, pe=None, *, expand_v: float = 1.0, conv_size: int = 4,
@@ -45,18 +46,16 @@ class _DeltaNet(Mixer):
         self.decay = ScalarDecay(H) if self.gated else None
         self.out = GatedOutput(d_model, H, self.dv)
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         H = self.n_heads
         qkv, b, a, gate = self.in_proj(x).split(self.sizes, -1)
-        q, k, v = self.conv(qkv, cache, "conv", cu_seqlens).split([H * self.dk, H * self.dk, H * self.dv], -1)
+        q, k, v = self.conv(qkv, ctx).split([H * self.dk, H * self.dk, H * self.dv], -1)
         q, k, v = l2norm(q.view(B, T, H, self.dk)), l2norm(k.view(B, T, H, self.dk)), v.view(B, T, H, self.dv)
         beta = self.beta_max * torch.sigmoid(up(b))
         g = self.decay(a) if self.gated else None
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
-        o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), cache, offset,
-                            cu_seqlens)
+        q, k = self.rotate_qk(q, k, x, ctx)
+        o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), ctx)
         return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def log_gate(self, x):

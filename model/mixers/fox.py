@@ -15,15 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Mixer, register, residual_linear
-from .layers import ShortConv, gated_attention, up
+from ..core.context import TRAINING
+from ..core.layers import ShortConv, up
+from .base import Mixer, gated_attention, register, residual_linear
 
 
 @register("fox")
 class FoX(Mixer):
     softmax = True
     pe_kinds = ("none", "absolute", "rotary")
-    packed_schemes = ("nope", "rope")
+    packable = True
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False, output_gate: bool = False,
                  short_conv: bool = False, conv_size: int = 4):
@@ -45,17 +46,16 @@ class FoX(Mixer):
     def packed(self):  # the short convolution would reach across documents: run per document then
         return self.conv is None and super().packed
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         qkv = self.qkv(x)
         if self.conv is not None:
-            qkv = self.conv(qkv, cache)
+            qkv = self.conv(qkv, ctx)
         q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         q, k = self.q_norm(q), self.k_norm(k)
         f = self.log_gate(x)
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
-        o = gated_attention(q, k, v, f, cache, offset, cu_seqlens=cu_seqlens).reshape(B, T, self.d_model)
+        q, k = self.rotate_qk(q, k, x, ctx)
+        o = gated_attention(q, k, v, f, ctx).reshape(B, T, self.d_model)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)

@@ -19,20 +19,25 @@ from torch import nn
 
 from kernels.recurrences import gated, gated_recurrent
 
+from ..core.context import TRAINING
+from ..core.layers import GatedOutput, LowRankGate, ShortConv
 from .base import Mixer, register
-from .layers import GatedOutput, LowRankGate, ShortConv
 
 
 @register("gla")
 class GLA(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
-    packed_schemes = ("nope", "rope")
+    packable = True
+
+    @classmethod
+    def qk_dim(cls, d_model, n_heads, *, expand_k: float = 0.5, **_):
+        return int(d_model * expand_k) // n_heads
 
     def __init__(self, d_model, n_heads, pe=None, *, expand_k: float = 0.5, expand_v: float = 1.0,
                  gate_low_rank: int = 16, gate_normalizer: float = 16.0, output_gate: bool = True,
                  short_conv: bool = False, conv_size: int = 4):
         super().__init__(d_model, n_heads, pe)
-        self.dk, self.dv = int(d_model * expand_k) // n_heads, int(d_model * expand_v) // n_heads
+        self.dk, self.dv = self.qk_dim(d_model, n_heads, expand_k=expand_k), int(d_model * expand_v) // n_heads
         if self.dk < 1 or self.dv < 1:
             raise ValueError(f"gla: expand_k={expand_k}, expand_v={expand_v} leave no channels per head")
         H = n_heads
@@ -45,17 +50,16 @@ class GLA(Mixer):
         # depthwise, so one convolution over [q | k | v] is the three of FLA's layer
         self.conv = ShortConv(H * (2 * self.dk + self.dv), conv_size) if short_conv else None
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         H = self.n_heads
         q, k, v, g_low, gate = self.in_proj(x).split(self.sizes, -1)
         if self.conv is not None:
-            q, k, v = self.conv(torch.cat([q, k, v], -1), cache, "conv", cu_seqlens).split(self.sizes[:3], -1)
+            q, k, v = self.conv(torch.cat([q, k, v], -1), ctx).split(self.sizes[:3], -1)
         q, k, v = q.view(B, T, H, self.dk), k.view(B, T, H, self.dk), v.view(B, T, H, self.dv)
         g = self.g_up(g_low)
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), cache, offset, cu_seqlens)
+        q, k = self.rotate_qk(q, k, x, ctx)
+        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), ctx)
         return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def log_gate(self, x):

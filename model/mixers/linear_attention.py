@@ -19,14 +19,15 @@ from torch import nn
 
 from kernels.recurrences import gated, gated_recurrent
 
+from ..core.context import TRAINING
+from ..core.layers import OUTPUT_NORM_EPS
 from .base import Mixer, register, residual_linear
-from .layers import OUTPUT_NORM_EPS
 
 
 @register("linear_attn")
 class LinearAttention(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
-    packed_schemes = ("nope", "rope")
+    packable = True
 
     def __init__(self, d_model, n_heads, pe=None):
         super().__init__(d_model, n_heads, pe)
@@ -34,13 +35,12 @@ class LinearAttention(Mixer):
         self.o_norm = nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS)
         self.o_proj = residual_linear(d_model, d_model)
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
+        q, k = self.rotate_qk(q, k, x, ctx)
         g = q.new_zeros(B, T, self.n_heads, 1, dtype=torch.float32)  # no forget gate: log a_t = 0
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), cache, offset, cu_seqlens)
+        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), ctx)
         return self.o_proj(self.o_norm(o.to(x.dtype)).reshape(B, T, self.d_model))
 
     def flops_per_token(self, seq_len):

@@ -17,14 +17,15 @@ from torch import nn
 
 from kernels.recurrences import oja, oja_recurrent
 
+from ..core.context import TRAINING
+from ..core.layers import GatedOutput, LowRankGate, l2norm, up
 from .base import Mixer, register
-from .layers import GatedOutput, LowRankGate, l2norm, up
 
 
 @register("gated_oja")
 class GatedOja(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
-    packed_schemes = ("nope", "rope")
+    packable = True
 
     def __init__(self, d_model, n_heads, pe=None, *, gate_low_rank: int = 16, gate_normalizer: float = 16.0,
                  output_gate: bool = True):
@@ -37,7 +38,7 @@ class GatedOja(Mixer):
         self.g_up = LowRankGate(gate_low_rank, H, D, gate_normalizer)  # W_2, b
         self.out = GatedOutput(d_model, H, D)
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         qkv, g_low, b, gate = self.in_proj(x).split(self.sizes, -1)
@@ -45,9 +46,8 @@ class GatedOja(Mixer):
         v = l2norm(v)
         gv = self.g_up(g_low)
         beta = torch.sigmoid(up(b))
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
-        o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), cache, offset, cu_seqlens)
+        q, k = self.rotate_qk(q, k, x, ctx)
+        o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), ctx)
         return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def log_gate(self, x):

@@ -21,8 +21,9 @@ from torch import nn
 
 from kernels.path_attention import householder, path_attention
 
+from ..core.context import TRAINING
+from ..core.layers import ShortConv, l2norm, up
 from .base import Mixer, register, residual_linear
-from .layers import ShortConv, l2norm, up
 
 
 class _PaTH(Mixer):
@@ -47,38 +48,38 @@ class _PaTH(Mixer):
             with torch.no_grad():
                 self.f_proj.bias.copy_(torch.linspace(1.0, 5.0, self.n_heads))
 
-    def forward(self, x, cache=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
         q, k = self.q_norm(q), self.k_norm(k)
-        w = l2norm(up(self.w_conv(self.w_proj(x), cache, "w_conv")).view(B, T, H, D))
+        w = l2norm(up(self.w_conv(self.w_proj(x), ctx, "w_conv")).view(B, T, H, D))
         beta = 2 * torch.sigmoid(up(self.b_proj(x)))
         f = self.log_gate(x)
-        q, k = self.rotate_qk(q, k, x, cache, 0 if cache is None else cache.get("offset", 0))
-        if cache is None:
+        q, k = self.rotate_qk(q, k, x, ctx)
+        if ctx.state is None:
             o = path_attention(q, k, v, w, beta, f)
         else:
-            o = self._step(q, k, v, w, beta, f, cache)
+            o = self._step(q, k, v, w, beta, f, ctx.state)
         return self.o_proj(o.reshape(B, T, self.d_model).to(x.dtype))
 
     def log_gate(self, x):
         return F.logsigmoid(up(self.f_proj(x))) if self.f_proj is not None else None
 
-    def _step(self, q, k, v, w, beta, f, cache):
-        """Token by token through the cache (prefill included): move cached keys by H_t, append k_t, attend."""
+    def _step(self, q, k, v, w, beta, f, state):
+        """Token by token through the state (prefill included): move cached keys by H_t, append k_t, attend."""
         scale = 1.0 / math.sqrt(self.head_dim)
         outs = []
         for t in range(q.shape[1]):
             kt, vt = up(k[:, t:t + 1]), v[:, t:t + 1]
-            ct = (cache["c"][:, -1:] if "c" in cache else 0) + (f[:, t:t + 1] if f is not None else 0)
-            if "k" in cache:
-                moved = householder(cache["k"], w[:, t:t + 1], beta[:, t:t + 1])
-                kt, vt = torch.cat([moved, kt], 1), torch.cat([cache["v"], vt], 1)
-                ct = torch.cat([cache["c"], ct], 1) if f is not None else ct
-            cache.update(k=kt, v=vt, offset=cache.get("offset", 0) + 1)
+            ct = (state.c[:, -1:] if state.c is not None else 0) + (f[:, t:t + 1] if f is not None else 0)
+            if state.k is not None:
+                moved = householder(state.k, w[:, t:t + 1], beta[:, t:t + 1])
+                kt, vt = torch.cat([moved, kt], 1), torch.cat([state.v, vt], 1)
+                ct = torch.cat([state.c, ct], 1) if f is not None else ct
+            state.k, state.v = kt, vt
             if f is not None:
-                cache["c"] = ct
+                state.c = ct
             s = torch.einsum("bhd,bjhd->bhj", up(q[:, t]), kt) * scale
             if f is not None:
                 s = s + (ct[:, -1:] - ct).transpose(1, 2)

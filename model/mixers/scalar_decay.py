@@ -16,8 +16,9 @@ from torch import nn
 
 from kernels.recurrences import gated, gated_recurrent
 
+from ..core.context import TRAINING
+from ..core.layers import GatedOutput, ScalarDecay
 from .base import Mixer, register
-from .layers import GatedOutput, ScalarDecay
 
 
 def retnet_gammas(n_heads: int) -> torch.Tensor:
@@ -26,7 +27,7 @@ def retnet_gammas(n_heads: int) -> torch.Tensor:
 
 class _ScalarDecay(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
-    packed_schemes = ("nope", "rope")
+    packable = True
 
     def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
         super().__init__(d_model, n_heads, pe)
@@ -37,14 +38,13 @@ class _ScalarDecay(Mixer):
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
         self.out = GatedOutput(d_model, H, self.head_dim)
 
-    def forward(self, x, cache=None, cu_seqlens=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         qkv, a, gate = self.in_proj(x).split(self.sizes, -1)
         q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         g = self._log_gate(a, T)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset, cu_seqlens)
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), cache, offset, cu_seqlens)
+        q, k = self.rotate_qk(q, k, x, ctx)
+        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), ctx)
         return self.out(o.to(x.dtype), gate if self.output_gate else None)
 
     def log_gate(self, x):

@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.errors import ConfigError
 from kernels.attention import cumulative_log_decay
 
-from common.errors import ConfigError
-from .base import Mixer, register, residual_linear
-from .layers import gated_attention, up
+from ..core.context import TRAINING
+from ..core.layers import up
+from .base import Mixer, gated_attention, register, residual_linear
 
 
 def sympow_features(x: torch.Tensor) -> torch.Tensor:
@@ -94,17 +95,15 @@ class SymPow(Mixer):
     def log_gate(self, x):
         return None if self.gate is None else F.logsigmoid(up(self.gate(x)))  # log gamma [B, T, H]
 
-    def forward(self, x, cache=None):
+    def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
-        offset = 0 if cache is None else cache.get("offset", 0)
-        q, k = self.rotate_qk(q, k, x, cache, offset)
+        q, k = self.rotate_qk(q, k, x, ctx)
         f = self.log_gate(x)
-        if cache is not None and self.recurrent:
-            o, state = sympow_recurrent(q, k, v, f, cache.get("state"))
-            cache.update(state=state, offset=offset + T)
+        if ctx.state is not None and self.recurrent:
+            o, ctx.state.S = sympow_recurrent(q, k, v, f, ctx.state.S)
         else:
-            o = gated_attention(q, k, v, f, cache, offset, power=self.power)
+            o = gated_attention(q, k, v, f, ctx, power=self.power)
         return self.o_proj(o.reshape(B, T, self.d_model))
 
     def flops_per_token(self, seq_len):

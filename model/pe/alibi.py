@@ -22,5 +22,5 @@ class ALiBi(PositionalScheme):
         super().__init__(dims)
         self.register_buffer("slopes", alibi_slopes(dims.n_heads), persistent=False)
 
-    def forward(self, q, k, *, offset: int = 0):
+    def scores(self, q, k, ctx=None):
         return {"slopes": self.slopes.to(k.device)}

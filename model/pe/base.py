@@ -1,39 +1,35 @@
 """What every positional scheme is, and the registry that `conf/pe/*.yaml` names.
 
-A scheme acts in one of four places (its `kind`), and a mixer lists the kinds it accepts:
+A scheme acts in one of these places (its `kind`), through the hook named there; every other hook is the identity.
+A mixer lists the kinds it accepts and calls the hooks of those places whatever the scheme, so adding a scheme
+changes no mixer (tests/test_model.py builds one in the test):
 
-    kind       acts on                                         e.g.
-    none       nothing                                         nope
-    absolute   the token embeddings, once, in the trunk        sinusoidal, learned
-    rotary     q and k inside the mixer: forward(q, k, ...)    rope
-    score      the attention scores: forward(q, k, offset) returns alibi, t5, xl
-               decayed_attention's keyword arguments: a log-decay
-               (slopes, log_decay) and/or a bias b_ij (kernels/attention.py)
-    vo_rotary  the values (R_j v_j) and the output (R_t^T o_t) vo_rope
+    kind       acts on                                         hook                                  e.g.
+    none       nothing                                         -                                     nope
+    absolute   the token embeddings, once, in the trunk        embed(x, ctx) -> x                    sinusoidal
+    rotary     q and k inside the mixer                        rotate(q, k, x, ctx) -> q, k          rope
+    score      the attention scores: keyword arguments of      scores(q, k, ctx) -> dict             alibi, t5, xl
+               decayed_attention, a log-decay (slopes,
+               log_decay) and/or a bias b_ij (kernels/attention.py)
+    vo_rotary  the values (R_j v_j) and the output (R_t^T o_t) rotate_values(v, ctx), rotate_output  vo_rope
 
-Relative schemes (rotary, score) are built once per layer and owned by that layer's mixer.
+A scheme is built from Dims (model/core/context.py), known before its mixer; relative schemes (rotary, score,
+vo_rotary) are built once per layer and owned by that layer's mixer. `packable`: the scheme places tokens by
+ctx.positions() in packed rows (else the trunk runs a packed row one document at a time).
 """
 
 from __future__ import annotations
-
-import inspect
-from dataclasses import dataclass
 
 from torch import nn
 
 from common.errors import ConfigError
 from kernels.rotary import cumulative_rotation
 
+from ..core.context import TRAINING, Context, Dims
+from ..core.options import options as core_options
+
 KINDS = ("none", "absolute", "rotary", "score", "vo_rotary")
 REGISTRY: dict[str, type["PositionalScheme"]] = {}
-
-
-@dataclass(frozen=True)
-class Dims:
-    d_model: int
-    n_heads: int
-    head_dim: int
-    max_seq_len: int
 
 
 def register(name: str):
@@ -47,41 +43,59 @@ def register(name: str):
 class PositionalScheme(nn.Module):
     kind: str = "none"
     name: str = "?"
+    packable: bool = True
     max_positions: int | None = None  # positions it can represent (None: any)
 
     def __init__(self, dims: Dims):
         super().__init__()
         self.dims = dims
 
-    def bind(self, mixer) -> None:
-        """Called once the owning mixer exists: a scheme with parameters shaped by the mixer (its q/k head size,
-        whether it is softmax attention) creates them here. Most schemes need nothing."""
+    def embed(self, x, ctx: Context = TRAINING):
+        return x
+
+    def rotate(self, q, k, x=None, ctx: Context = TRAINING):
+        return q, k
+
+    def scores(self, q, k, ctx: Context = TRAINING) -> dict:
+        return {}
+
+    def rotate_values(self, v, ctx: Context = TRAINING):
+        return v
+
+    def rotate_output(self, o, ctx: Context = TRAINING):
+        return o
+
+    def rotary_dim(self) -> int:
+        """The q/k head size this scheme rotates; an error if it has no channel pairs."""
+        D = self.dims.rotary_dim
+        if D % 2:
+            raise ConfigError(f"pe={self.name} rotates channel pairs: the q/k head size {D} must be even")
+        return D
 
 
 class AccumulatedRotation(PositionalScheme):
     """A rotary scheme whose angles accumulate data-dependent increments, phi_t = theta * (phi_0 + sum_{s<=t}
-    dphi_s) (kernels/rotary.py): a subclass sets `theta` in bind() and gives `increments(q, x, cache)`, [B, T, H, D/2]
-    or [B, T, H, 1]. Decoding caches the running angle."""
+    dphi_s) (kernels/rotary.py): a subclass sets `theta` and gives `increments(q, x, ctx)`, [B, T, H, D/2] or
+    [B, T, H, 1]. Decoding keeps the running angle in ctx.state.phi. Packed rows run per document."""
     kind = "rotary"
+    packable = False
 
-    def increments(self, q, x, cache=None):
+    def increments(self, q, x, ctx: Context = TRAINING):
         raise NotImplementedError
 
-    def forward(self, q, k, *, offset: int = 0, x=None, cache=None):
-        if not hasattr(self, "theta"):
-            raise RuntimeError(f"pe={self.name} was not bound to a mixer (build models with model.build_model)")
-        dphi = self.increments(q, x, cache)
-        phi0 = None if cache is None else cache.get("phi")
-        q, k, phi_T = cumulative_rotation(q, k, dphi, self.theta, phi0=phi0)
-        if cache is not None:
-            cache["phi"] = phi_T
+    def rotate(self, q, k, x=None, ctx: Context = TRAINING):
+        dphi = self.increments(q, x, ctx)
+        state = ctx.state
+        q, k, phi_T = cumulative_rotation(q, k, dphi, self.theta, phi0=None if state is None else state.phi)
+        if state is not None:
+            state.phi = phi_T
         return q, k
 
 
 def check_options(cls, options: dict, what: str) -> None:
-    """Unknown config keys are an error naming the valid ones (no silent ignoring)."""
-    params = inspect.signature(cls.__init__).parameters
-    valid = [p for p, v in params.items() if v.kind == inspect.Parameter.KEYWORD_ONLY]
+    """Unknown config keys are an error naming the valid ones (no silent ignoring; a config composed by Hydra was
+    already checked against the same list, model/core/options.py, but a model can be built from a plain dict)."""
+    valid = core_options(cls)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ConfigError(f"{what}: unknown option(s) {unknown}; valid options: {sorted(valid) or 'none'}")

@@ -4,6 +4,7 @@ It cannot represent positions past max_seq_len (the training context): asking fo
 import torch
 from torch import nn
 
+from ..core.context import TRAINING
 from .base import PositionalScheme, register
 
 
@@ -16,8 +17,8 @@ class Learned(PositionalScheme):
         self.table = nn.Parameter(torch.randn(dims.max_seq_len, dims.d_model) * init_std)
         self.max_positions = dims.max_seq_len
 
-    def forward(self, x, offset: int = 0):
-        T = x.shape[1]
+    def embed(self, x, ctx=TRAINING):
+        T, offset = x.shape[1], ctx.offset
         if offset + T > self.table.shape[0]:
             raise ValueError(f"pe=learned has {self.table.shape[0]} positions; asked for position {offset + T - 1}. "
                              "Learned embeddings cannot extrapolate: use a relative scheme for longer contexts.")

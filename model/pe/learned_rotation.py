@@ -21,7 +21,7 @@ from torch import nn
 
 from kernels.rotary import rope_frequencies
 
-from ..mixers.layers import up
+from ..core.layers import up
 from .base import AccumulatedRotation, ConfigError, register
 
 
@@ -33,15 +33,11 @@ class LearnedRotation(AccumulatedRotation):
         if not (isinstance(self.max_len, int) and self.max_len > 1):
             raise ConfigError(f"pe=learned_rotation: max_len must be an integer > 1 (N, the longest document), "
                               f"got {max_len!r}")
-
-    def bind(self, mixer) -> None:
-        D = mixer.qk_head_dim
-        if D % 2:
-            raise ConfigError(f"pe=learned_rotation rotates channel pairs: the q/k head size {D} must be even")
-        self.beta = nn.Linear(mixer.d_model, mixer.n_heads, bias=False)
+        D = self.rotary_dim()
+        self.beta = nn.Linear(dims.d_model, dims.n_heads, bias=False)
         self.register_buffer("theta", (2 * math.pi * rope_frequencies(D, self.max_len)).float(), persistent=False)
 
-    def increments(self, q, x, cache=None):
+    def increments(self, q, x, ctx=None):
         if x is None:
             raise ValueError("pe=learned_rotation needs the block input x")
         return 1 + torch.tanh(up(self.beta(x)))[..., None]  # beta_t [B, T, H, 1], fp32 at least

@@ -8,6 +8,7 @@ import torch
 
 from kernels.rotary import cumulative_rotation, rope_frequencies, rotate, rotate_cos_sin
 
+from ..core.context import TRAINING
 from .base import PositionalScheme, register
 
 
@@ -18,11 +19,9 @@ class RoPE(PositionalScheme):
     def __init__(self, dims, *, base: float = 10000.0):
         super().__init__(dims)
         self.base = base
-
-    def bind(self, mixer):
         # cos and sin of phi_t for the training context, in float64 (exact for float64 models; cast per use), not
         # saved in checkpoints. Positions past it (length extrapolation) are computed on the fly.
-        phi = self.angles(self.dims.max_seq_len, 0, mixer.qk_head_dim, None, dtype=torch.float64)  # [T, 1, dim/2]
+        phi = self.angles(dims.max_seq_len, 0, self.rotary_dim(), None, dtype=torch.float64)  # [T, 1, dim/2]
         self.register_buffer("cos", torch.cos(phi), persistent=False)
         self.register_buffer("sin", torch.sin(phi), persistent=False)
 
@@ -40,12 +39,12 @@ class RoPE(PositionalScheme):
         pos = torch.arange(offset, offset + T, device=device) if positions is None else positions
         return (pos.to(dtype)[:, None] * self.frequencies(dim, device).to(dtype)[None, :])[:, None, :]
 
-    def forward(self, q, k, *, offset: int = 0, x=None, cache=None, positions=None):
+    def rotate(self, q, k, x=None, ctx=TRAINING):
         # The cumulative sum of constant increments has the closed form t * theta; cumulative_rotation(q, k, None,
         # theta, phi0=offset - 1) computes the same (tests/test_rotary.py). Eager on CUDA it is the faster path: one
         # Triton launch for q and k, where the table's element-wise chain is ~10 unfused kernels each way (28 ms of
         # an eager 124m step); compiled, Inductor fuses the table path into the projections around it.
-        T = q.shape[1]
+        T, offset, positions = q.shape[1], ctx.offset, ctx.positions(q.shape[1])
         if q.is_cuda and positions is None and q.dtype != torch.float64 and not torch.compiler.is_compiling():
             return cumulative_rotation(q, k, None, self.frequencies(q.shape[-1], q.device).float(), offset - 1)[:2]
         table = getattr(self, "cos", None)

@@ -35,7 +35,8 @@ from torch import nn
 
 from kernels.rotary import rope_frequencies
 
-from ..mixers.layers import ShortConv, l2norm
+from ..core.context import TRAINING
+from ..core.layers import ShortConv, l2norm
 from .base import AccumulatedRotation, ConfigError, register
 
 TEMPERATURES = ("rope", "tan")
@@ -85,30 +86,23 @@ class SelectiveRoPE(AccumulatedRotation):
         if not (base > 1 or (base == 1 and temperature == "rope")):
             raise ConfigError(f"pe=selective_rope: base must be >= 1 with temperature=rope and > 1 with tan "
                               f"(eps = 1/base), got base={base} with temperature={temperature}")
-        self.opts = dict(source=source, rank=rank, conv_size=conv_size, skip_conv=skip_conv, phase_gate=phase_gate,
-                         bias=bias, weight_norm=weight_norm, temperature=temperature, base=base, temp_max=temp_max,
-                         learn_temperature=learn_temperature, normalize_q=normalize_q)
-
-    def bind(self, mixer) -> None:
-        o, H, D = self.opts, mixer.n_heads, mixer.qk_head_dim
-        if D % 2:
-            raise ConfigError(f"pe=selective_rope rotates channel pairs: the q/k head size {D} must be even")
-        self.n_heads, self.half, self.source = H, D // 2, o["source"]
-        self.d_in = D if o["source"] == "q" else mixer.d_model // H
-        self.normalize_q = mixer.softmax if o["normalize_q"] is None else bool(o["normalize_q"])
-        if o["rank"] is None:  # per head: a_h -> u_h (random init of unit gain: not a residual-stream linear)
+        H, D = dims.n_heads, self.rotary_dim()
+        self.n_heads, self.half, self.source = H, D // 2, source
+        self.d_in = D if source == "q" else dims.d_model // H
+        self.normalize_q = dims.softmax if normalize_q is None else bool(normalize_q)
+        if rank is None:  # per head: a_h -> u_h (random init of unit gain: not a residual-stream linear)
             self.weight = nn.Parameter(torch.randn(H, D // 2, self.d_in) / math.sqrt(self.d_in))
-            self.gain = nn.Parameter(self.weight.detach().norm(dim=-1).clone()) if o["weight_norm"] else None
+            self.gain = nn.Parameter(self.weight.detach().norm(dim=-1).clone()) if weight_norm else None
         else:  # across heads through a bottleneck; nn.Linear: the trunk's N(0, 0.02) init
-            self.down = nn.Linear(H * self.d_in, o["rank"], bias=False)
-            self.up = nn.Linear(o["rank"], H * (D // 2), bias=False)
-        self.skip_conv = o["skip_conv"]
-        self.conv = None if o["skip_conv"] else ShortConv(H * (D // 2), o["conv_size"], activation=False)
+            self.down = nn.Linear(H * self.d_in, rank, bias=False)
+            self.up = nn.Linear(rank, H * (D // 2), bias=False)
+        self.skip_conv = skip_conv
+        self.conv = None if skip_conv else ShortConv(H * (D // 2), conv_size, activation=False)
         # the increment's bias is e^b (b = 0: +1 per token, RoPE's step), as the seed's code adds it
-        self.log_bias = nn.Parameter(torch.zeros(H, D // 2)) if o["bias"] else None
-        self.gate = nn.Linear(mixer.d_model, H, bias=True) if o["phase_gate"] else None
-        theta = temperatures(o["temperature"], D, o["base"], o["temp_max"])
-        if o["learn_temperature"]:
+        self.log_bias = nn.Parameter(torch.zeros(H, D // 2)) if bias else None
+        self.gate = nn.Linear(dims.d_model, H, bias=True) if phase_gate else None
+        theta = temperatures(temperature, D, base, temp_max)
+        if learn_temperature:
             self.theta = nn.Parameter(theta)
         else:
             self.register_buffer("theta", theta, persistent=True)
@@ -119,7 +113,7 @@ class SelectiveRoPE(AccumulatedRotation):
                               "(as the seed's code), so the checkpoint cannot be loaded: retrain with pe.bias=true")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def increments(self, q, x, cache=None):
+    def increments(self, q, x, ctx=TRAINING):
         """dphi [B, T, H, D/2] before the temperature."""
         B, T, H, _ = q.shape
         if self.source == "q":
@@ -135,14 +129,15 @@ class SelectiveRoPE(AccumulatedRotation):
             if self.gain is not None:
                 w = self.gain[..., None] * w / w.norm(dim=-1, keepdim=True)
             u = torch.einsum("bthd,hed->bthe", src, w.to(src.dtype)).reshape(B, T, H * self.half)
+        state = ctx.state
         if self.skip_conv:  # u_t - u_{t-1}: the cumulative sum below gives u_t back
-            prev = cache.get("u") if cache is not None else None
+            prev = None if state is None else state.u
             prev = torch.zeros_like(u[:, :1]) if prev is None else prev
-            if cache is not None:
-                cache["u"] = u[:, -1:]
+            if state is not None:
+                state.u = u[:, -1:]
             u = u - torch.cat([prev, u[:, :-1]], 1)
         else:
-            u = self.conv(u, cache, "conv")
+            u = self.conv(u, ctx, "pe")
         u = u.view(B, T, H, self.half)
         if self.log_bias is not None:
             u = u + self.log_bias.exp().to(u.dtype)

@@ -5,6 +5,7 @@
 
 import torch
 
+from ..core.context import TRAINING
 from .base import PositionalScheme, register
 
 
@@ -24,6 +25,6 @@ class Sinusoidal(PositionalScheme):
         super().__init__(dims)
         self.base = base
 
-    def forward(self, x, offset: int = 0):
-        pos = torch.arange(offset, offset + x.shape[1], device=x.device)
+    def embed(self, x, ctx=TRAINING):
+        pos = torch.arange(ctx.offset, ctx.offset + x.shape[1], device=x.device)
         return x + sinusoid_table(pos, x.shape[-1], self.base).to(x.dtype)

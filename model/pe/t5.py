@@ -23,6 +23,7 @@ def t5_bucket(n: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Ten
 @register("t5")
 class T5Bias(PositionalScheme):
     kind = "score"
+    packable = False
 
     def __init__(self, dims, *, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)
@@ -31,7 +32,7 @@ class T5Bias(PositionalScheme):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.zeros(num_buckets, dims.n_heads))
 
-    def forward(self, q, k, *, offset: int = 0):
+    def scores(self, q, k, ctx=None):
         Tq, Tk = q.shape[1], k.shape[1]
         i = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
         j = torch.arange(Tk, device=q.device)[None, :]

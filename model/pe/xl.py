@@ -19,6 +19,7 @@ from .sinusoidal import sinusoid_table
 @register("xl")
 class TransformerXL(PositionalScheme):
     kind = "score"
+    packable = False
 
     def __init__(self, dims, *, base: float = 10000.0):
         super().__init__(dims)
@@ -27,7 +28,7 @@ class TransformerXL(PositionalScheme):
         self.u = nn.Parameter(torch.zeros(dims.n_heads, dims.head_dim))
         self.v = nn.Parameter(torch.zeros(dims.n_heads, dims.head_dim))
 
-    def forward(self, q, k, *, offset: int = 0):
+    def scores(self, q, k, ctx=None):
         B, Tq, H, D = q.shape
         Tk = k.shape[1]
         r = torch.arange(Tk, device=q.device)

@@ -1,5 +1,5 @@
-"""Small pieces several mixers share: the causal short convolution, the gated output norm, gated attention with
-its KV cache."""
+"""Small pieces that mixers and schemes share: the causal short convolution, the gated output norm, the low-rank
+and scalar gates, L2 normalisation and the dtype rule for gates (`up`)."""
 
 from __future__ import annotations
 
@@ -7,35 +7,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.attention import cumulative_log_decay, decayed_attention
 from kernels.documents import document_positions
+
+from .context import TRAINING, Context
+
+
+def residual_linear(d_in: int, d_out: int) -> nn.Linear:
+    """A projection that writes into the residual stream: the trunk gives it the scaled init std/sqrt(2 n_layer)."""
+    lin = nn.Linear(d_in, d_out, bias=False)
+    lin.is_residual = True
+    return lin
 
 
 class ShortConv(nn.Module):
     """Causal depthwise convolution over time (kernel size K) followed by SiLU (as in Mamba / Gated DeltaNet) or by
-    nothing (activation=False). The incremental form keeps the last K - 1 inputs in cache[key]."""
+    nothing (activation=False). The incremental form keeps the last K - 1 inputs in ctx.state.conv[name]; packed
+documents (ctx.cu_seqlens) are convolved as if alone."""
 
     def __init__(self, dim: int, kernel_size: int = 4, activation: bool = True):
         super().__init__()
         self.kernel_size, self.activation = kernel_size, activation
         self.weight = nn.Parameter(torch.randn(dim, 1, kernel_size) / kernel_size ** 0.5)
 
-    def forward(self, x, cache: dict | None = None, key: str = "conv", cu_seqlens=None):
+    def forward(self, x, ctx: Context = TRAINING, name: str = "conv"):
         # y_t = sum_i w_{K-1-i} x_{t-i}. On CUDA, FLA's kernel (Inductor's fusion of the shifted sums below, with the
         # L2 norm after it, took 10% of a Gated DeltaNet step; F.conv1d is a cuDNN call between two transposes);
         # elsewhere and when decoding, K shifted products summed in fp32 (the reference)
         B, T, D = x.shape
         K = self.kernel_size
+        cache, cu_seqlens = (None if ctx.state is None else ctx.state.conv), ctx.cu_seqlens
         if x.is_cuda and cache is None:  # FLA's Triton kernel, forward and backward, packed documents too
             from fla.modules.causal_conv1d import causal_conv1d
             return causal_conv1d(x, self.weight[:, 0], activation="silu" if self.activation else None,
                                  backend="triton", cu_seqlens=cu_seqlens)[0]
-        if cache is not None and key in cache:
-            full = torch.cat([cache[key], x], 1)
+        if cache is not None and name in cache:
+            full = torch.cat([cache[name], x], 1)
         else:
             full = F.pad(x, (0, 0, K - 1, 0))
         if cache is not None:
-            cache[key] = full[:, -(K - 1):]
+            cache[name] = full[:, -(K - 1):]
         w = up(self.weight[:, 0])  # [D, K]; w[:, K - 1 - i] multiplies x_{t - i}
         # packed documents: tap i (lag i) reaches back only inside the token's document
         pos = None if cu_seqlens is None else document_positions(cu_seqlens, T)[None, :, None]
@@ -56,7 +66,6 @@ class GatedOutput(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, head_v: int):
         super().__init__()
-        from .base import residual_linear
         self.n_heads, self.head_v = n_heads, head_v
         # a fixed eps: nn.RMSNorm's default (the dtype's machine epsilon) made the model depend on the dtype where
         # o is small (gated Oja at init: fp32 and float64 outputs 2% apart, 11% on a one-token document)
@@ -114,20 +123,3 @@ class ScalarDecay(nn.Module):
 
     def forward(self, a):
         return -torch.exp(up(self.A_log)) * F.softplus(up(a) + self.dt_bias)
-
-
-def gated_attention(q, k, v, log_gate, cache: dict | None, offset: int, power: int | None = None, cu_seqlens=None):
-    """Softmax (power None) or symmetric-power attention with a forget gate (log_gate [B, T, H], or None), c the
-    cumulative sum of the gate: the training form over the whole sequence, or with a KV cache (keys, values and the
-    running c) for generation: FoX and sympow."""
-    c = None if log_gate is None else cumulative_log_decay(log_gate)
-    if cache is not None:
-        if c is not None and "c" in cache:
-            c = c + cache["c"][:, -1:]
-        if "k" in cache:
-            k, v = torch.cat([cache["k"], k], 1), torch.cat([cache["v"], v], 1)
-            c = None if c is None else torch.cat([cache["c"], c], 1)
-        cache.update(k=k, v=v, offset=offset + q.shape[1])
-        if c is not None:
-            cache["c"] = c
-    return decayed_attention(q, k, v, log_decay=c, power=power, cu_seqlens=cu_seqlens)
