@@ -94,7 +94,3 @@ def make_tokenizer(kind: str, texts, vocab_size: int) -> Tokenizer:
     if kind == "byte":
         return Tokenizer("byte")
     return load_pretrained(kind)
-
-
-def tokenizer_summary(tok: Tokenizer) -> str:
-    return json.dumps({"kind": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id})
