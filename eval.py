@@ -35,22 +35,9 @@ from common.errors import ConfigError
 from common.io import write_atomic
 from model import build_model
 from trainer.checkpoint import load_model
+from trainer.checkpoint import newest_checkpoint as resolve_ckpt
 
 MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel")
-
-
-def resolve_ckpt(path: str) -> Path:
-    """A checkpoint file, a `latest` pointer, a checkpoints/ folder or a run's out_dir: the newest readable
-    checkpoint there, found as train.py's resume=auto finds it."""
-    from trainer.checkpoint import checkpoint_candidates
-    p = Path(path)
-    if p.is_file() and p.name != "latest":
-        return p
-    found = checkpoint_candidates(p) if p.exists() else []
-    if not found:
-        raise ConfigError(f"ckpt={path!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or a "
-                          "run's out_dir)")
-    return found[0]
 
 
 def labels(loaded, paths) -> list[str]:

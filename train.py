@@ -46,8 +46,7 @@ def run(cfg) -> dict:
             lock = RunLock(out_dir).acquire()
         ckpt_path, ckpt = find_resume(cfg, out_dir)  # a bad checkpoint fails before data preparation
 
-        objective = objectives.build(cfg, rt)
-        objective.setup(t, rt, plan["grad_accum"])
+        objective = objectives.build(cfg, rt, plan["grad_accum"])
         steps = plan["steps"] or objective.steps_for_epochs(t.epochs)
         batch_tokens = t.micro_batch * plan["grad_accum"] * rt.world * objective.seq_len
         head = objective.head if cfg.model.head == "auto" else cfg.model.head

@@ -1,4 +1,4 @@
-"""The errors that end a run with one `error: ...` line (trainer.cli) instead of a traceback: each names what is
+"""The errors that end a run with one `error: ...` line (common/cli.py) instead of a traceback: each names what is
 wrong and, where there is a choice, the valid choices."""
 
 

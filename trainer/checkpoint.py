@@ -214,6 +214,19 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
                               "(the data position is counted in global batches)")
 
 
+def newest_checkpoint(path) -> Path:
+    """A checkpoint file, a `latest` pointer, a checkpoints/ folder or a run's out_dir: the newest checkpoint there,
+    found as resume=auto finds it; an error naming the valid forms when there is none."""
+    p = Path(path)
+    if p.is_file() and p.name != "latest":
+        return p
+    found = checkpoint_candidates(p) if p.exists() else []
+    if not found:
+        raise ConfigError(f"ckpt={str(path)!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or "
+                          "a run's out_dir)")
+    return found[0]
+
+
 def load_model(path, device="cpu"):
     """The model (in eval mode), tokenizer and checkpoint dict of the newest readable checkpoint at `path` (a file,
     a `latest` pointer, a checkpoints/ folder or a run's out_dir)."""
@@ -221,8 +234,7 @@ def load_model(path, device="cpu"):
     from model import build_model
     ckpt_path, ckpt = resolve_checkpoint(Path(path))
     if ckpt is None:
-        raise ConfigError(f"ckpt={str(path)!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or "
-                          "a run's out_dir)")
+        newest_checkpoint(path)  # raises: there is none at all
     cfg = ckpt["config"]
     model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
     load_weights(model, ckpt["model"], ckpt_path)
@@ -252,8 +264,8 @@ class Checkpointer:
     gathering), only ever a finite one: retention then never deletes the last good checkpoint for a bad one."""
 
     def __init__(self, out_dir: Path, rt, model, optimizer, scheduler, meta: dict, keep: int, last: Path | None):
-        self.dir, self.rt, self.model, self.optimizer, self.scheduler = out_dir / "checkpoints", rt, model, optimizer, \
-            scheduler
+        self.dir, self.rt, self.model = out_dir / "checkpoints", rt, model
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.meta, self.keep, self.last_good = meta, keep, last
 
     def diverged(self, step: int, what: str) -> NonFinite:

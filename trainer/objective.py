@@ -34,9 +34,12 @@ class Objective:
     def vocab_size(self) -> int:
         return 64 * math.ceil(self.tokenizer.vocab_size / 64)  # padded: matmuls like multiples of 64
 
-    def setup(self, t, rt, accum: int) -> None:
+    def __init__(self, cfg, rt):
+        self.t, self.rt = cfg.train, rt
+
+    def setup(self, accum: int) -> None:
         """Batching over ranks, after the data exists: at least one global batch of windows."""
-        self.t, self.rt, self.accum = t, rt, accum
+        t, rt, self.accum = self.t, self.rt, accum
         global_seqs = t.micro_batch * accum * rt.world
         if len(self.train_windows) < global_seqs:
             raise ShardError(
@@ -75,6 +78,7 @@ class Objective:
 
 class Text(Objective):
     def __init__(self, cfg, rt):
+        super().__init__(cfg, rt)
         t = cfg.train
         self.name, self.seq_len, self.doc_boundaries = cfg.data.name, cfg.model.seq_len, bool(t.get("doc_boundaries"))
         # prepared by rank 0 (tokenizer + shards, cached) while the others wait and then read the cache
@@ -123,6 +127,7 @@ class Text(Objective):
 
 class Task(Objective):
     def __init__(self, cfg, rt):
+        super().__init__(cfg, rt)
         self.task = tasks.build(cfg.data)  # generated from data.seed on every rank: deterministic, nothing on disk
         self.name, self.head, self.seq_len = self.task.name, self.task.head, self.task.seq_len
         if cfg.model.head not in ("auto", self.head):
@@ -164,8 +169,11 @@ class Task(Objective):
         print(f"accuracy vs {task.unit}: {plot}")
 
 
-def build(cfg, rt) -> Objective:
-    return Task(cfg, rt) if tasks.is_task(cfg.data) else Text(cfg, rt)
+def build(cfg, rt, accum: int) -> Objective:
+    """The objective of cfg.data, its data ready and batched over ranks (`accum` micro-batches per step)."""
+    objective = Task(cfg, rt) if tasks.is_task(cfg.data) else Text(cfg, rt)
+    objective.setup(accum)
+    return objective
 
 
 @torch.no_grad()

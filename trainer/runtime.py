@@ -39,7 +39,7 @@ class Runtime:
         process group."""
         t = cfg.train
         rt = cls()
-        rt.distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        rt.distributed = cls.world_size() > 1
         if rt.distributed:
             rt.rank, rt.world, rt.local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
         rt.fsdp = rt.distributed and t.get("strategy", "ddp") == "fsdp"

@@ -20,7 +20,8 @@ from torch import nn
 from kernels.attention import decayed_attention
 
 from ..core.context import TRAINING
-from .base import Mixer, register, residual_linear
+from ..core.layers import residual_linear
+from .base import Mixer, register
 
 
 @register("transformer")

@@ -25,7 +25,6 @@ from torch import nn
 from kernels.attention import cumulative_log_decay, decayed_attention
 
 from ..core.context import TRAINING, Context
-from ..core.layers import residual_linear  # noqa: F401  (re-exported: the mixers' output projections)
 
 REGISTRY: dict[str, type["Mixer"]] = {}
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.context import TRAINING
-from ..core.layers import ShortConv, up
-from .base import Mixer, gated_attention, register, residual_linear
+from ..core.layers import ShortConv, residual_linear, up
+from .base import Mixer, gated_attention, register
 
 
 @register("fox")

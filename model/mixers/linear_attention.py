@@ -20,8 +20,8 @@ from torch import nn
 from kernels.recurrences import gated, gated_recurrent
 
 from ..core.context import TRAINING
-from ..core.layers import OUTPUT_NORM_EPS
-from .base import Mixer, register, residual_linear
+from ..core.layers import OUTPUT_NORM_EPS, residual_linear
+from .base import Mixer, register
 
 
 @register("linear_attn")

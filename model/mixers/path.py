@@ -22,8 +22,8 @@ from torch import nn
 from kernels.path_attention import householder, path_attention
 
 from ..core.context import TRAINING
-from ..core.layers import ShortConv, l2norm, up
-from .base import Mixer, register, residual_linear
+from ..core.layers import ShortConv, l2norm, residual_linear, up
+from .base import Mixer, register
 
 
 class _PaTH(Mixer):

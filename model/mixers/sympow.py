@@ -32,8 +32,8 @@ from common.errors import ConfigError
 from kernels.attention import cumulative_log_decay
 
 from ..core.context import TRAINING
-from ..core.layers import up
-from .base import Mixer, gated_attention, register, residual_linear
+from ..core.layers import residual_linear, up
+from .base import Mixer, gated_attention, register
 
 
 def sympow_features(x: torch.Tensor) -> torch.Tensor:
