@@ -10,7 +10,7 @@ from common.errors import ConfigError
 
 from .core.context import Dims
 from .core.options import defaults, register_schemas
-from .gpt import GPT, Cache, ModelConfig
+from .gpt import GPT, NORMS, Cache, ModelConfig
 from .mixers import REGISTRY as MIXERS
 from .mixers.base import Mixer
 from .pe import REGISTRY as SCHEMES
@@ -73,6 +73,17 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
     unknown = set(model) - set(ModelConfig.__dataclass_fields__) - {"name"}
     if unknown:
         raise ConfigError(f"model: unknown option(s) {sorted(unknown)}; valid: {sorted(ModelConfig.__dataclass_fields__)}")
+    if model.get("norm", "rms") not in NORMS:
+        raise ConfigError(f"model.norm={model['norm']!r}; valid choices: {sorted(NORMS)}")
+    p = model.get("embed_dropout", 0.0)
+    if not (isinstance(p, (int, float)) and 0 <= p < 1):
+        raise ConfigError(f"model.embed_dropout={p!r} must be in [0, 1)")
+    pattern = model.get("layer_mixers")
+    if pattern is not None:
+        bad = [m for m in pattern if m != "backbone" and m not in MIXERS]
+        if not pattern or bad:
+            raise ConfigError(f"model.layer_mixers={list(pattern)}: {bad or 'empty'} not valid; each entry is "
+                              f"'backbone' or one of {sorted(MIXERS)}")
 
 
 def build_model(backbone, pe, model, vocab_size: int) -> GPT:
@@ -87,7 +98,13 @@ def build_model(backbone, pe, model, vocab_size: int) -> GPT:
     dims = Dims(cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.seq_len,
                 qk_dim=mixer_cls.qk_dim(cfg.d_model, cfg.n_heads, **options), softmax=mixer_cls.softmax)
     relative = SCHEMES[pe["name"]].kind not in ("none", "absolute")  # built per layer, owned by the mixer
-    mixers: list[Mixer] = [mixer_cls(cfg.d_model, cfg.n_heads, build_pe(pe, dims) if relative else None, **options)
-                           for _ in range(cfg.n_layer)]
+    pattern = cfg.layer_mixers or ["backbone"]
+    mixers: list[Mixer] = []
+    for i in range(cfg.n_layer):
+        name = pattern[i % len(pattern)]
+        if name == "backbone":
+            mixers.append(mixer_cls(cfg.d_model, cfg.n_heads, build_pe(pe, dims) if relative else None, **options))
+        else:  # another family in a hybrid stack: its own defaults, no positional scheme
+            mixers.append(MIXERS[name](cfg.d_model, cfg.n_heads))
     abs_pe = build_pe(pe, dims) if SCHEMES[pe["name"]].kind == "absolute" else None
     return GPT(cfg, mixers, abs_pe)

@@ -1,9 +1,13 @@
 """The GPT trunk that every backbone and positional scheme plugs into.
 
-    x_0 = E[tokens] (+ absolute positional embedding) (-> RMSNorm if embed_norm, seed 003's extra norm)
-    x_l = x_{l-1} + Mixer_l(RMSNorm(x_{l-1}))        token mixer: model/mixers/
-    x_l = x_l     + SwiGLU_l(RMSNorm(x_l))           SwiGLU(x) = (silu(x W_1) * x W_3) W_2 (none if mlp_hidden=0)
-    logits = RMSNorm(x_L) W_head                      (W_head = E if tie_embeddings)
+    x_0 = E[tokens] (+ absolute positional embedding) (-> dropout) (-> Norm if embed_norm, seed 003's extra norm)
+    x_l = x_{l-1} + Mixer_l(Norm(x_{l-1}))           token mixer: model/mixers/
+    x_l = x_l     + SwiGLU_l(Norm(x_l))              SwiGLU(x) = (silu(x W_1) * x W_3) W_2 (none if mlp_hidden=0)
+    logits = Norm(x_L) W_head                         (W_head = E if tie_embeddings)
+
+Norm is RMSNorm (norm=rms) or LayerNorm (norm=layer, Zoology's). Mixer_l is the backbone in every layer, or, with
+layer_mixers, the pattern's entry l (cycled): "backbone" (with the positional scheme) or another backbone's name
+(its default options, no scheme), e.g. Zoology's MQAR models [base_conv, backbone].
 
 head=compress (MAD's compression task, an auto-encoder): every position t is decoded from the last state alone,
     logits_t = RMSNorm(D(x_L[T-1] + PE_sin(t))) W_head,   D = (RMSNorm, Linear, GELU) twice
@@ -51,6 +55,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     head: str = "lm"  # lm | compress
+    norm: str = "rms"  # rms | layer
+    embed_dropout: float = 0.0  # dropout on x_0 while training (Zoology's 0.1)
+    layer_mixers: list[str] | None = None  # per layer, cycled: "backbone" or a backbone name (see above)
     # loss by chunks of tokens, never holding the [B, T, V] logits (kernels/linear_ce.py): 20% less peak memory for
     # the 124m model at 32 x 1024 tokens, 3% slower under torch.compile on an H100 (docs/throughput)
     fused_loss: bool = False
@@ -58,6 +65,13 @@ class ModelConfig:
     def __post_init__(self):
         if self.mlp_hidden is None:
             self.mlp_hidden = 64 * math.ceil(8 * self.d_model / 3 / 64)
+
+
+NORMS = {"rms": nn.RMSNorm, "layer": nn.LayerNorm}
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    return NORMS[cfg.norm](cfg.d_model, eps=cfg.norm_eps)
 
 
 class SwiGLU(nn.Module):
@@ -74,9 +88,9 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, mixer: nn.Module, cfg: ModelConfig):
         super().__init__()
-        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm1 = make_norm(cfg)
         self.mixer = mixer
-        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm2 = make_norm(cfg)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden) if cfg.mlp_hidden else None
 
     def forward(self, x, ctx: Context = TRAINING):
@@ -106,9 +120,9 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.abs_pe = abs_pe
-        self.embed_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else nn.Identity()
+        self.embed_norm = make_norm(cfg) if cfg.embed_norm else nn.Identity()
         self.blocks = nn.ModuleList(Block(m, cfg) for m in mixers)
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.decoder = None
         if cfg.head == "compress":
@@ -141,6 +155,8 @@ class GPT(nn.Module):
                 x = self.abs_pe.embed(x, Context(offset))
             else:  # positions restart at each document
                 x = per_document(self.abs_pe.embed, cu_seqlens, x)
+        if self.cfg.embed_dropout:
+            x = F.dropout(x, self.cfg.embed_dropout, self.training)
         x = self.embed_norm(x)
         for i, block in enumerate(self.blocks):
             x = block(x, Context(offset, cu_seqlens, None if cache is None else cache.layers[i]))

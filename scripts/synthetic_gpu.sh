@@ -4,14 +4,16 @@
 #   bash scripts/synthetic_gpu.sh OUT parity      # S2: 1-layer GLA (gla_st) and Transformer x {nope, rope, selective_rope_st}
 #   bash scripts/synthetic_gpu.sh OUT parity_gla  # S2: only GLA's three
 #   bash scripts/synthetic_gpu.sh OUT a3          # A3: 2-layer DeltaNet x {nope, rope, selective_rope_st}
-#   bash scripts/synthetic_gpu.sh OUT mqar        # MQAR (128, 8), 2-layer GLA x {nope, rope, selective_rope} x LRS
+#   bash scripts/synthetic_gpu.sh OUT mqar        # MQAR, task=mqar's BaseConv + GLA x {nope, rope, selective_rope}
+#                                                 # x SETTINGS (default "64:4 128:8 256:16") x DMODELS ("64 128 256")
 #   bash scripts/synthetic_gpu.sh OUT copying     # copying, 4-layer GLA x {nope, rope, selective_rope_copy}
 # Budget: EPOCHS (default 2) of the task's training examples with the task's own schedule over them, or STEPS.
 # SEEDS (default 0), LRS (a comma list; default: the task's lr) and EXTRA (more Hydra overrides, e.g.
 # train.time_limit=400: each job checkpoints and pauses then, to go on when run again) apply to every job; ONLY (a
-# regex on job names) keeps some. Runs live in RUNS (default
+# regex on job names) keeps some; PARALLEL (default: all) caps the jobs running at once; DEADLINE (a Unix time)
+# gives each job the train.time_limit that ends it by then and starts no job in the last minute. Runs live in RUNS (default
 # outputs/synthetic); a job whose folder has a checkpoint resumes from it (resume=auto), so a sweep longer than one
-# sitting is this command repeated. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
+# sitting is this command repeated (a job with a task_eval.json is finished and not started again). At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
 # (no checkpoints) and scripts/collect_sweep.py's table and figures.
 set -uo pipefail
 OUT=${1:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
@@ -30,30 +32,38 @@ case $WHAT in
     for p in nope rope selective_rope_st; do
       jobs+=("a3-deltanet-$p|task=state_tracking data=a3 backbone=deltanet model.n_layer=2 pe=$p"); done ;;
   mqar)
-    for p in nope rope selective_rope; do
-      jobs+=("mqar-gla-$p|task=mqar backbone=gla pe=$p data.seq_len=128 data.num_kv_pairs=8"); done ;;
+    for st in ${SETTINGS:-64:4 128:8 256:16}; do for d in ${DMODELS:-64 128 256}; do for p in nope rope selective_rope; do
+      jobs+=("mqar${st%:*}x${st#*:}-d$d-gla-$p|task=mqar backbone=gla pe=$p data.seq_len=${st%:*} data.num_kv_pairs=${st#*:} model.d_model=$d")
+    done; done; done ;;
   copying)
     for p in nope rope selective_rope_copy; do
       jobs+=("copy-gla-$p|task=copying backbone=gla pe=$p model.n_layer=4 model.d_model=512 model.n_heads=16"); done ;;
   *) echo "unknown: $WHAT"; exit 2 ;;
 esac
 mkdir -p "$OUT" "$RUNS/$WHAT"
-pids=()
+n=0
 for seed in ${SEEDS:-0}; do
   for lr in $(echo "${LRS:-task}" | tr , ' '); do
     for j in "${jobs[@]}"; do
       name=${j%%|*}-s$seed; [ "$lr" != task ] && name+=-lr$lr
       [ -n "${ONLY:-}" ] && [[ ! $name =~ $ONLY ]] && continue
+      [ -f "$RUNS/$WHAT/$name/task_eval.json" ] && { echo "$name: finished before"; continue; }
       args=(${j#*|} seed=$seed out_dir=$RUNS/$WHAT/$name resume=auto "${common[@]}")
       [ "$lr" != task ] && args+=(optim.lr=$lr)
+      while [ -n "${PARALLEL:-}" ] && [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n; done
+      if [ -n "${DEADLINE:-}" ]; then
+        left=$((DEADLINE - $(date +%s))); [ $left -lt 60 ] && { echo "$name: not started (deadline)"; continue; }
+        args+=(train.time_limit=$((left - 20)))
+      fi
       echo "$name: python train.py ${args[*]}"
-      python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1 &
-      pids+=($!)
+      rm -f "$RUNS/$WHAT/$name.rc"
+      { python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1; echo $? >"$RUNS/$WHAT/$name.rc"; } &
+      n=$((n + 1))
     done
   done
 done
-fail=0
-for p in "${pids[@]}"; do wait "$p" || fail=$((fail + 1)); done
-echo "$WHAT: ${#pids[@]} jobs, $fail ended non-zero"
+wait
+fail=$(cat "$RUNS/$WHAT"/*.rc 2>/dev/null | grep -cv '^0$')
+echo "$WHAT: $n jobs, $fail ended non-zero"
 python scripts/collect_sweep.py "$RUNS/$WHAT" --out "$RUNS/$WHAT" || true
 tar -czf "$OUT/$WHAT.tar.gz" --exclude=checkpoints -C "$RUNS" "$WHAT"

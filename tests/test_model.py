@@ -134,7 +134,7 @@ def test_packed_documents_equal_separate_documents(backbone, pe):
     packed, _ = m(idx, cu_seqlens=cu)
     alone = torch.cat([m(idx[:, s:e])[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
     torch.testing.assert_close(packed, alone, rtol=1e-9, atol=1e-9)
-    native = {"transformer": ("nope", "rope", "alibi"), "fox": ("nope", "rope"),
+    native = {"transformer": ("nope", "rope", "alibi"), "fox": ("nope", "rope"), "base_conv": ("nope",),
               **dict.fromkeys(("gla", "retnet", "mamba2", "deltanet", "gated_deltanet", "linear_attn", "gated_oja"),
                                 ("nope", "rope"))}.get(backbone, ())
     absolute = SCHEMES[pe].kind == "absolute"  # added to the embeddings, restarted per document by the trunk
@@ -235,3 +235,43 @@ def test_a_new_scheme_needs_no_mixer_change(scaled_rope, backbone):
     alone = torch.cat([m2(idx[:1, s:e])[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
     torch.testing.assert_close(m2(idx[:1], cu_seqlens=cu)[0], alone, rtol=1e-9, atol=1e-9)
     assert m2.blocks[0].mixer.packed == MIXERS[backbone].packable
+
+
+def test_base_conv_is_zoologys_gated_convolution():
+    """BaseConv(x) == (causal depthwise conv_3(x) + c) * (x W + b) + x, written with F.conv1d (float64)."""
+    import torch.nn.functional as F
+
+    from model.mixers.base_conv import BaseConv
+    torch.manual_seed(1)
+    m = BaseConv(6, 1).double()
+    with torch.no_grad():
+        m.conv_bias.normal_()
+        m.proj.bias.normal_()
+    x = torch.randn(3, 9, 6, dtype=torch.float64)
+    conv = F.conv1d(F.pad(x.transpose(1, 2), (2, 0)), m.conv.weight, groups=6).transpose(1, 2)
+    want = (conv + m.conv_bias) * (x @ m.proj.weight.T + m.proj.bias) + x
+    torch.testing.assert_close(m(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_layer_mixers_build_zoologys_hybrid():
+    """model.layer_mixers=[base_conv, backbone] over 4 layers: BaseConv, GLA (with the scheme), BaseConv, GLA;
+    LayerNorm everywhere with norm=layer; embedding dropout only while training; bad entries named with choices."""
+    from model.mixers.base_conv import BaseConv
+    from model.mixers.gla import GLA
+    size = {**SIZE, "n_layer": 4, "layer_mixers": ["base_conv", "backbone"], "norm": "layer", "embed_dropout": 0.5}
+    m = build_model({"name": "gla"}, {"name": "rope"}, size, V)
+    kinds = [type(b.mixer) for b in m.blocks]
+    assert kinds == [BaseConv, GLA, BaseConv, GLA]
+    assert [b.mixer.pe is None for b in m.blocks] == [True, False, True, False]
+    assert all(isinstance(n, torch.nn.LayerNorm) for b in m.blocks for n in (b.norm1, b.norm2))
+    assert isinstance(m.norm, torch.nn.LayerNorm)
+    x = torch.randint(0, V, (2, T))
+    m.eval()
+    torch.testing.assert_close(m(x)[0], m(x)[0])
+    m.train()
+    assert not torch.allclose(m(x)[0], m(x)[0])  # dropout draws differ
+    for bad, match in (({"layer_mixers": ["base_conv", "mlp"]}, r"\['mlp'\] not valid.*'base_conv'"),
+                       ({"layer_mixers": []}, "empty"), ({"norm": "batch"}, r"valid choices: \['layer', 'rms'\]"),
+                       ({"embed_dropout": 1.0}, r"\[0, 1\)")):
+        with pytest.raises(ConfigError, match=match):
+            build_model({"name": "gla"}, {"name": "rope"}, {**SIZE, **bad}, V)

@@ -80,7 +80,7 @@ def test_bad_config_fails_before_work(tmp_path, override, match):
 @pytest.mark.parametrize("backbone", options("backbone"))
 def test_tiny_model_overfits_a_batch(backbone):
     torch.manual_seed(0)
-    pe = "nope" if backbone.startswith("path") else "rope"
+    pe = "nope" if backbone.startswith("path") or backbone == "base_conv" else "rope"
     cfg = compose([f"backbone={backbone}", f"pe={pe}", "model.n_layer=2", "model.d_model=64", "model.seq_len=32"])
     m = build_model(cfg.backbone, cfg.pe, cfg.model, 128)
     opt = make_optimizer(m, cfg.optim, fused=False)
@@ -114,6 +114,18 @@ def test_resume_reproduces_every_loss_exactly(tmp_path, data_cache):
     assert all(a_loss[s] == b_loss[s] for s in range(1, 9)), (a_loss, b_loss)
     assert full["loss"] == resumed["loss"] and full["val_loss"] == resumed["val_loss"]
     assert a_loss[8] < a_loss[1]
+
+
+def test_logged_loss_is_the_mean_since_the_last_row_across_evaluations(tmp_path, data_cache):
+    """A log row after evaluations and checkpoints (which restart the throughput clock) still averages every step
+    since the previous row: once every 6 steps == the mean of the 6 per-step rows (it was sum / 2: a 2x loss)."""
+    every = train_lib.run(compose(tiny_overrides(tmp_path / "a", data_cache, "train.steps=6")))
+    rare = train_lib.run(compose(tiny_overrides(tmp_path / "b", data_cache, "train.steps=6", "train.log_interval=100",
+                                                "train.eval_interval=2", "train.ckpt_interval=4")))
+    losses = _losses(tmp_path / "a")
+    assert sorted(_losses(tmp_path / "b")) == [6]
+    assert rare["loss"] == pytest.approx(sum(losses.values()) / 6, rel=1e-6), (rare["loss"], losses)
+    assert every["loss"] == losses[6]
 
 
 def test_doc_boundaries_train_and_validate_on_packed_documents(tmp_path, data_cache):

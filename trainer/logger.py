@@ -102,12 +102,13 @@ class StepMeter:
     def __init__(self, rt, batch_tokens: int, flops_per_token: float):
         self.rt, self.batch_tokens, self.flops_per_token = rt, batch_tokens, flops_per_token
         self.peak = peak_flops(rt.device)
-        self.loss_sum = torch.zeros((), device=rt.device)
+        self.loss_sum, self.steps = torch.zeros((), device=rt.device), 0
         self.restart()
 
     def restart(self):
-        """Start the throughput clock again (after an evaluation or a checkpoint, which are not training)."""
-        self.t0, self.tokens, self.steps = time.perf_counter(), 0, 0
+        """Start the throughput clock again (after an evaluation or a checkpoint, which are not training); the loss
+        mean still counts every step since the last row."""
+        self.t0, self.tokens = time.perf_counter(), 0
 
     def add(self, loss: torch.Tensor):
         self.loss_sum += loss
@@ -126,6 +127,7 @@ class StepMeter:
                "tokens": step * self.batch_tokens,
                "peak_mem_gib": torch.cuda.max_memory_allocated(rt.device) / 2 ** 30 if rt.cuda else None}
         self.loss_sum.zero_()
+        self.steps = 0
         self.restart()
         return row
 
