@@ -255,6 +255,20 @@ def test_evaluate_curves():
     assert m["curve"] == {8: 1.0, 100: 0.0} and m["val_acc"] == 1.0 and m["val_acc_extrap"] == 0.0
 
 
+def test_evaluation_batches_by_tokens_without_changing_results(monkeypatch):
+    """EVAL_TOKENS caps the rows of one evaluation forward (the logits' memory); a real model's loss, accuracies and
+    curves are the same, to rounding, whatever the cap and micro_batch."""
+    t = build("mqar", seq_len=64, num_kv_pairs=4, test_examples=40)
+    torch.manual_seed(0)
+    cfg = compose(["task=mqar", "backbone=gla", "pe=rope", "model.d_model=32", "data.seq_len=64"])
+    model = build_model(cfg.backbone, cfg.pe, {**cfg.model, "head": "lm"}, 8192)
+    ref = tasks.evaluate(model, t, 64, "cpu")
+    monkeypatch.setattr(tasks, "EVAL_TOKENS", 3 * 64)  # 3 rows a forward
+    small = tasks.evaluate(model, t, 64, "cpu")
+    assert small["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5) and 0 < ref["val_loss"] < 20
+    assert small["val_acc"] == ref["val_acc"] and small["curve"] == ref["curve"]
+
+
 def test_symbols_tokenizer_and_heads():
     tok = Tokenizer("symbols", json.dumps(copying.symbols(26)))
     ids = tok.encode("<bos> h i <copy>")
