@@ -34,6 +34,7 @@ from common.io import write_atomic
 
 CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
 ENV = "DUALITY_KERNEL_CONFIGS"
+DUMP_ENV = "DUALITY_TUNE_OUT"  # a folder: runs write what they autotuned under it (scripts/tune_kernels.py --merge)
 
 _created: list = []  # every autotuner made since install(): what dump() writes
 counts = {"seeded_kernels": 0, "seeded_keys": 0, "benchmarks": 0}  # benchmarks: configs timed by autotuning here
@@ -183,6 +184,13 @@ def write_entries(folder: Path, name: str, entries: dict, triton_version: str | 
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     _files.pop(path, None)
     return len(new)
+
+
+def dump_requested(name: str) -> int:
+    """dump() into $DUALITY_TUNE_OUT/<name> when that is set (a GPU test worker, a first-step case, a train.py run);
+    0 otherwise."""
+    out = os.environ.get(DUMP_ENV)
+    return dump(Path(out) / name) if out else 0
 
 
 def dump(folder: Path) -> int:

@@ -37,8 +37,7 @@ def child(case: str, size: str, seq: int, compiled: bool):
     row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"], seeded_keys=tc.counts["seeded_keys"],
                device=torch.cuda.get_device_name())
     print("ROW " + json.dumps(row), flush=True)
-    if os.environ.get("DUALITY_TUNE_OUT"):  # what this case autotuned, for `tune_kernels.py --merge`
-        tc.dump(Path(os.environ["DUALITY_TUNE_OUT"]) / case.replace("+", "_"))
+    tc.dump_requested(case.replace("+", "_"))  # what this case autotuned, for `tune_kernels.py --merge`
 
 
 def main():

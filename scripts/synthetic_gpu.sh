@@ -11,10 +11,11 @@
 # SEEDS (default 0), LRS (a comma list; default: the task's lr) and EXTRA (more Hydra overrides, e.g.
 # train.time_limit=400: each job checkpoints and pauses then, to go on when run again) apply to every job; ONLY (a
 # regex on job names) keeps some; PARALLEL (default: all) caps the jobs running at once; DEADLINE (a Unix time)
-# gives each job the train.time_limit that ends it by then and starts no job in the last minute. Runs live in RUNS (default
-# outputs/synthetic); a job whose folder has a checkpoint resumes from it (resume=auto), so a sweep longer than one
-# sitting is this command repeated (a job with a task_eval.json is finished and not started again). At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
-# (no checkpoints) and scripts/collect_sweep.py's table and figures.
+# gives each job the train.time_limit that ends it by then and starts no job in the last minute. Runs live in RUNS
+# (default outputs/synthetic); a job whose folder has a checkpoint resumes from it (resume=auto), so a sweep longer
+# than one sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the
+# end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots (no checkpoints) and
+# scripts/collect_sweep.py's table and figures.
 set -uo pipefail
 OUT=${1:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
 WHAT=${2:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
@@ -32,9 +33,10 @@ case $WHAT in
     for p in nope rope selective_rope_st; do
       jobs+=("a3-deltanet-$p|task=state_tracking data=a3 backbone=deltanet model.n_layer=2 pe=$p"); done ;;
   mqar)
-    for st in ${SETTINGS:-64:4 128:8 256:16}; do for d in ${DMODELS:-64 128 256}; do for p in nope rope selective_rope; do
-      jobs+=("mqar${st%:*}x${st#*:}-d$d-gla-$p|task=mqar backbone=gla pe=$p data.seq_len=${st%:*} data.num_kv_pairs=${st#*:} model.d_model=$d")
-    done; done; done ;;
+    for st in ${SETTINGS:-64:4 128:8 256:16}; do L=${st%:*} K=${st#*:}
+      for d in ${DMODELS:-64 128 256}; do for p in nope rope selective_rope; do
+        jobs+=("mqar${L}x$K-d$d-gla-$p|task=mqar backbone=gla pe=$p data.seq_len=$L data.num_kv_pairs=$K model.d_model=$d")
+      done; done; done ;;
   copying)
     for p in nope rope selective_rope_copy; do
       jobs+=("copy-gla-$p|task=copying backbone=gla pe=$p model.n_layer=4 model.d_model=512 model.n_heads=16"); done ;;

@@ -42,10 +42,9 @@ def pytest_runtest_teardown(item):
     """DUALITY_TUNE_OUT=DIR: after each test, write the kernel configs this process autotuned to DIR/<worker>
     (scripts/tune_kernels.py --merge adds them to kernels/configs/<GPU>): how the GPU group's own shapes get shipped
     configs."""
-    out = os.environ.get("DUALITY_TUNE_OUT")
-    if out and torch.cuda.is_available():
+    if torch.cuda.is_available():
         import kernels.tuned_configs as tc
-        tc.dump(Path(out) / os.environ.get("PYTEST_XDIST_WORKER", "main"))
+        tc.dump_requested(os.environ.get("PYTEST_XDIST_WORKER", "main"))
 
 
 def pytest_runtest_logreport(report):

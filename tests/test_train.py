@@ -118,7 +118,8 @@ def test_resume_reproduces_every_loss_exactly(tmp_path, data_cache):
 
 def test_logged_loss_is_the_mean_since_the_last_row_across_evaluations(tmp_path, data_cache):
     """A log row after evaluations and checkpoints (which restart the throughput clock) still averages every step
-    since the previous row: once every 6 steps == the mean of the 6 per-step rows (it was sum / 2: a 2x loss)."""
+    since the previous row: once every 6 steps == the mean of the 6 per-step rows (it divided the sum by the steps since
+    the last restart: 3x here)."""
     every = train_lib.run(compose(tiny_overrides(tmp_path / "a", data_cache, "train.steps=6")))
     rare = train_lib.run(compose(tiny_overrides(tmp_path / "b", data_cache, "train.steps=6", "train.log_interval=100",
                                                 "train.eval_interval=2", "train.ckpt_interval=4")))

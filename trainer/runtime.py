@@ -101,15 +101,15 @@ class Runtime:
         return train_model
 
     def close(self):
-        """Write the autotuned kernel configs where DUALITY_TUNE_OUT says, and leave the process group. The caller drops its DDP wrapper first: were DDP's reducer to drop the last
-        reference to the gloo process group, the group's destructor would join gloo's worker threads while holding
-        the GIL, and a worker that still frees the last collective's tensors needs the GIL (a deadlock seen on
-        loaded CPU machines). no_sync is DDP's bound method: it holds the wrapper too."""
+        """Write what this run autotuned ($DUALITY_TUNE_OUT) and leave the process group. The caller drops its DDP
+        wrapper first: were DDP's reducer to drop the last reference to the gloo process group, the group's
+        destructor would join gloo's worker threads while holding the GIL, and a worker that still frees the last
+        collective's tensors needs the GIL (a deadlock seen on loaded CPU machines). no_sync is DDP's bound method:
+        it holds the wrapper too."""
         self.no_sync = None
-        if self.cuda and os.environ.get("DUALITY_TUNE_OUT"):  # what this run autotuned: tune_kernels.py --merge
+        if self.cuda:
             import kernels.tuned_configs as tc
-            from pathlib import Path
-            tc.dump(Path(os.environ["DUALITY_TUNE_OUT"]) / f"{os.getpid()}-rank{self.rank}")
+            tc.dump_requested(f"{os.getpid()}-rank{self.rank}")
         if self.distributed:
             dist.destroy_process_group()
 
