@@ -262,9 +262,12 @@ def test_evaluation_batches_by_tokens_without_changing_results(monkeypatch):
     torch.manual_seed(0)
     cfg = compose(["task=mqar", "backbone=gla", "pe=rope", "model.d_model=32", "data.seq_len=64"])
     model = build_model(cfg.backbone, cfg.pe, {**cfg.model, "head": "lm"}, 8192)
+    rows = []
+    model.register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[0]))
     ref = tasks.evaluate(model, t, 64, "cpu")
     monkeypatch.setattr(tasks, "EVAL_TOKENS", 3 * 64)  # 3 rows a forward
     small = tasks.evaluate(model, t, 64, "cpu")
+    assert rows == [40] + [3] * 13 + [1]  # 40 examples: one forward, then 14 of at most 3 rows
     assert small["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5) and 0 < ref["val_loss"] < 20
     assert small["val_acc"] == ref["val_acc"] and small["curve"] == ref["curve"]
 
