@@ -13,7 +13,6 @@ Everything a run makes goes to out_dir: checkpoints/ (atomic, `latest` points at
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from model import build_model
 from trainer import objective as objectives
 from trainer.checkpoint import Checkpointer, RunLock, find_resume, load_weights
 from trainer.config import check_config
+from trainer.guard import NonFiniteGuard
 from trainer.logger import Logger, StepMeter, default_out_dir
 from trainer.optim import make_optimizer, make_schedule, train_step
 from trainer.profiling import Profiler
@@ -35,7 +35,7 @@ from trainer.runtime import Runtime
 
 def run(cfg) -> dict:
     """Train as the config says; returns the final metrics. Raises ConfigError / ShardError on bad input and
-    NonFinite when training diverges. The out_dir's lock is released however it ends."""
+    NonFinite when a step goes non-finite under train.nonfinite=stop (trainer/guard.py). The out_dir's lock is released however it ends."""
     lock = None
     try:
         t = cfg.train
@@ -56,6 +56,7 @@ def run(cfg) -> dict:
         model = build_model(cfg.backbone, cfg.pe, run_cfg["model"], objective.vocab_size).to(rt.device)
         if ckpt is not None:  # into the whole model, before FSDP shards it
             load_weights(model, ckpt["model"], ckpt_path)
+        model.set_activation_checkpointing(t.activation_checkpointing, compile_blocks=t.compile)  # before compile, FSDP
         rt.shard(model)
         optimizer = make_optimizer(model, cfg.optim, fused=rt.cuda)
         scheduler = make_schedule(optimizer, cfg.optim, steps)
@@ -86,23 +87,25 @@ def run(cfg) -> dict:
                    dynamic_ncols=True, file=sys.stdout)
         say = lambda step, msg: rt.master and bar.write(f"step {step:6d} | {msg}")  # noqa: E731
         profiler = Profiler(t.profile_steps, out_dir, rt.master, rt.device) if t.profile_steps else None
+        guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, wandb_id=logger.run_id,
+                               skipped=ckpt.get("nonfinite_skipped", 0) if ckpt else 0)
         result, paused, done = {}, False, start
 
         for step in range(start, steps):
             if profiler is not None:
                 profiler.step(step - start)
             lr = scheduler.get_last_lr()[0]
-            loss, grad_norm = train_step(train_model, objective.micro_batches(step), plan["grad_accum"], optimizer,
-                                         scheduler, rt.autocast, cfg.optim.grad_clip, rt.no_sync)
-            meter.add(loss)
+            loss, grad_norm, stepped = train_step(
+                train_model, objective.micro_batches(step), plan["grad_accum"], optimizer, scheduler, rt.autocast,
+                cfg.optim.grad_clip, rt.no_sync, guard=lambda loss, norm: guard(step, start, loss, norm))
+            meter.add(loss if stepped else None)
             done = step + 1
             bar.update(1)
             last = done == steps
             if done % t.log_interval == 0 or last:
                 row = meter.row(done, lr, grad_norm)
+                row["nonfinite_skipped"] = guard.skipped
                 logger.log(row)
-                if not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
-                    raise saver.diverged(done, f"loss {row['loss']}, gradient norm {row['grad_norm']}")
                 bar.set_postfix(loss=f"{row['loss']:.3f}")
                 say(done, meter.line(row))
                 result.update(row)
@@ -114,15 +117,15 @@ def run(cfg) -> dict:
                 meter.restart()  # evaluation time is not training throughput
                 if not last and (acc := objective.should_stop(metrics)) is not None:
                     say(done, f"accuracy {acc:.4f} >= train.stop_acc={t.stop_acc}: stopping")
-                    saver.save(done, stopped_at_acc=acc, wandb_id=logger.run_id)
+                    saver.save(done, stopped_at_acc=acc, wandb_id=logger.run_id, nonfinite_skipped=guard.skipped)
                     break
             if done % t.ckpt_interval == 0 or last:
-                saver.save(done, wandb_id=logger.run_id)
+                saver.save(done, wandb_id=logger.run_id, nonfinite_skipped=guard.skipped)
                 meter.restart()
             if t.get("time_limit") and done % t.log_interval == 0 and not last and \
                     rt.master_decides(time.perf_counter() - rt.started > t.time_limit):
                 if done % t.ckpt_interval:
-                    saver.save(done, wandb_id=logger.run_id)  # a pause, not an end: resume=auto goes on from here
+                    saver.save(done, wandb_id=logger.run_id, nonfinite_skipped=guard.skipped)  # a pause, not an end: resume=auto goes on from here
                 paused = True
                 say(done, f"train.time_limit={t.time_limit} s reached: checkpointed; run again (resume=auto) to go on")
                 break

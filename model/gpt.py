@@ -12,6 +12,13 @@ layer_mixers, the pattern's entry l (cycled): "backbone" (with the positional sc
 head=compress (MAD's compression task, an auto-encoder): every position t is decoded from the last state alone,
     logits_t = RMSNorm(D(x_L[T-1] + PE_sin(t))) W_head,   D = (RMSNorm, Linear, GELU) twice
 
+Activation checkpointing (set_activation_checkpointing, train.activation_checkpointing), per block in training:
+    full       keep each block's input x_{l-1}; backward runs the block's forward again
+    selective  keep the outputs of matmuls and attention (the costly ops); recompute norms, activations, gates and
+               element-wise ops (torchtitan's op-level policy). Triton / FLA kernels are not aten ops the policy can
+               keep: their forward runs again too
+Both give the gradients of the plain model (tests/test_memory.py).
+
 Init (GPT-2 style): every Linear and Embedding ~ N(0, 0.02); projections that write into the residual stream
 (mixer outputs, SwiGLU W_2) ~ N(0, 0.02 / sqrt(2 n_layer)) so the residual variance does not grow with depth;
 a module with special parameters (gate biases, ...) sets them in its own `init_extra()`, called afterwards.
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from kernels.documents import per_document
 from kernels.linear_ce import linear_cross_entropy
@@ -68,6 +76,21 @@ class ModelConfig:
 
 
 NORMS = {"rms": nn.RMSNorm, "layer": nn.LayerNorm}
+AC_MODES = ("none", "full", "selective")
+
+# what selective checkpointing keeps: matmuls and attention, whose recompute would cost as much as the forward
+_aten = torch.ops.aten
+SAVED_OPS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+             _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
+             _aten._scaled_dot_product_cudnn_attention.default}
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_contexts():
+    return create_selective_checkpoint_contexts(_selective_policy)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -86,6 +109,8 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
+    checkpointing = "none"  # AC_MODES; GPT.set_activation_checkpointing sets it
+
     def __init__(self, mixer: nn.Module, cfg: ModelConfig):
         super().__init__()
         self.norm1 = make_norm(cfg)
@@ -93,7 +118,24 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden) if cfg.mlp_hidden else None
 
+    compiled_forward = None  # full checkpointing of a compiled model: this block's own compiled _forward
+
     def forward(self, x, ctx: Context = TRAINING):
+        if self.checkpointing == "none" or not torch.is_grad_enabled():
+            return self._forward(x, ctx)
+        # non-reentrant: works under torch.compile, DDP and FSDP2, and with inputs that need no gradient
+        if self.checkpointing == "selective":  # traced by Dynamo, which applies the policy in the compiled graph
+            return checkpoint(self._forward, x, ctx, use_reentrant=False, context_fn=_selective_contexts)
+        return self._full_checkpoint(x, ctx)
+
+    @torch.compiler.disable
+    def _full_checkpoint(self, x, ctx):
+        # Outside Dynamo, around this block's own compiled forward: Dynamo cannot trace a checkpoint whose region
+        # breaks its graph (FLA's and this repo's Triton kernels do), and would run such a block eagerly (GLA at
+        # 370m/4096: 407 ms a step instead of ~310). The recompute then runs the compiled block again.
+        return checkpoint(self.compiled_forward or self._forward, x, ctx, use_reentrant=False)
+
+    def _forward(self, x, ctx: Context):
         h = self.norm1(x)
         if ctx.cu_seqlens is None or self.mixer.packed:  # packed: its kernels take the document boundaries
             h = self.mixer(h, ctx)
@@ -132,6 +174,16 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.reset_parameters()
+
+    def set_activation_checkpointing(self, mode: str, compile_blocks: bool = False) -> None:
+        """none | full | selective (the module docstring says what each keeps); before torch.compile or FSDP.
+        compile_blocks (full, for a model that will be compiled): each block's forward is compiled on its own, and
+        the checkpoint around it stays outside the model's compiled graph (Block._full_checkpoint says why)."""
+        if mode not in AC_MODES:
+            raise ValueError(f"activation checkpointing {mode!r}; valid choices: {list(AC_MODES)}")
+        for block in self.blocks:
+            block.checkpointing = mode
+            block.compiled_forward = torch.compile(block._forward) if compile_blocks and mode == "full" else None
 
     def reset_parameters(self):
         std, resid_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer)

@@ -72,6 +72,42 @@ CASES = {
 }
 
 
+# flash-linear-attention's own causal LMs (what a flame user trains), configured to the same shape as this repo's
+# model (d_model, layers, heads, MLP width, vocabulary, untied) and the backbone's head sizes, FLA's defaults otherwise
+# (its fused norms, SwiGLU and cross-entropy): (config class, extra config, this repo's case). Not FLA's
+# TransformerForCausalLM: its attention is the flash-attn package's, which this repo does not depend on (the
+# nanoGPT reference `ref` is the softmax peer).
+FLA_CASES = {
+    "fla:forgetting_transformer": ("ForgettingTransformerConfig", {}, "fox+nope"),
+    "fla:gla": ("GLAConfig", {"expand_k": 0.5, "expand_v": 1.0}, "gla+nope"),
+    "fla:gated_deltanet": ("GatedDeltaNetConfig", {"head_dim": None, "expand_v": 1.0}, "gated_deltanet+nope"),
+    "fla:delta_net": ("DeltaNetConfig", {"expand_k": 1.0, "expand_v": 1.0, "use_gate": True}, "deltanet+nope"),
+    "fla:retnet": ("RetNetConfig", {"expand_k": 1.0, "expand_v": 1.0}, "retnet+nope"),
+    "fla:linear_attn": ("LinearAttentionConfig", {"attn_mode": "chunk", "expand_k": 1.0, "expand_v": 1.0,
+                                                  "feature_map": "identity"}, "linear_attn+nope"),
+    "fla:path_attn": ("PaTHAttentionConfig", {}, "path+nope"),
+}
+
+
+class FLAPeer(nn.Module):
+    """One of FLA_CASES: forward(idx, targets) -> (None, loss), as this repo's models are called in a step."""
+    flops_per_token = None  # MFU is reported for this repo's models only (their FLOP count convention)
+
+    def __init__(self, case: str, n_layer: int, d: int, n_heads: int, mlp: int, seq_len: int, vocab: int):
+        super().__init__()
+        import fla.models
+        from transformers import AutoModelForCausalLM
+        cls_name, extra, _ = FLA_CASES[case]
+        extra = {k: (d // n_heads if k == "head_dim" else v) for k, v in extra.items()}
+        cfg = getattr(fla.models, cls_name)(hidden_size=d, num_hidden_layers=n_layer, num_heads=n_heads,
+                                            intermediate_size=mlp, vocab_size=vocab, tie_word_embeddings=False,
+                                            max_position_embeddings=seq_len, **extra)
+        self.m = AutoModelForCausalLM.from_config(cfg)
+
+    def forward(self, idx, targets):
+        return None, self.m(input_ids=idx, labels=idx).loss  # FLA shifts the labels itself
+
+
 class NanoGPT(nn.Module):
     """GPT-2 the way nanoGPT writes it (bias-free Linear/LayerNorm, as its training default)."""
 
@@ -116,13 +152,19 @@ def build(case: str, size: str, seq: int, vocab: int, overrides=()):
     if case == "ref":
         m = compose([f"model={size}"]).model
         return NanoGPT(vocab, m.n_layer, m.d_model, m.n_heads, seq), compose([]).optim
+    if case in FLA_CASES:
+        m = compose([f"model={size}"]).model
+        return FLAPeer(case, m.n_layer, m.d_model, m.n_heads, m.mlp_hidden, seq, vocab), compose([]).optim
     cfg = compose([*CASES[case], f"model={size}", f"model.seq_len={seq}", *overrides])
-    return build_model(cfg.backbone, cfg.pe, cfg.model, vocab), cfg.optim
+    model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab)
+    model.set_activation_checkpointing(cfg.train.activation_checkpointing)  # --set train.activation_checkpointing=..
+    return model, cfg.optim
 
 
-def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Path | None = None, overrides=()):
-    model_name, tokens, vocab = SETTINGS[size]
-    B = max(1, tokens // seq)
+def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Path | None = None, overrides=(),
+            tokens: int | None = None):
+    model_name, default_tokens, vocab = SETTINGS[size]
+    B = max(1, (tokens or default_tokens) // seq)
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
@@ -132,6 +174,8 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     model = model.to(device)
     optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    if compiled and hasattr(model, "set_activation_checkpointing"):  # as train.py does with train.compile=true
+        model.set_activation_checkpointing(model.blocks[0].checkpointing, compile_blocks=True)
     train_model = torch.compile(model) if compiled else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
     data = torch.randint(0, vocab, (4, B, seq + 1), device=device)
@@ -140,7 +184,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
         x, y = data[i % 4, :, :-1].contiguous(), data[i % 4, :, 1:].contiguous()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss, _ = train_step(train_model, [(x, y)], 1, optimizer, scheduler, autocast, 1.0)
+        loss, _, _ = train_step(train_model, [(x, y)], 1, optimizer, scheduler, autocast, 1.0)
         end.record()
         if i == 0:
             torch.cuda.synchronize()
@@ -161,7 +205,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     tps = B * seq / (ms / 1e3)
     peak = peak_flops(torch.device(device))
     row = {"case": case, "size": size, "seq_len": seq, "batch": B, "compile": compiled, "ms": ms, "tokens_per_s": tps,
-           "mfu": model.flops_per_token(seq) * tps / peak if peak else None,
+           "mfu": model.flops_per_token(seq) * tps / peak if peak and model.flops_per_token else None,
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30, "first_step_s": t_compile,
            "loss": float(loss)}
     del model, optimizer, train_model, data
@@ -307,6 +351,8 @@ def main():
     ap.add_argument("--settings", nargs="+", default=["124m:1024", "370m:4096"], help="size:context")
     ap.add_argument("--cases", nargs="+", default=["ref", *CASES], help=f"ref and/or {list(CASES)}")
     ap.add_argument("--compile", choices=["on", "off", "both"], default="both")
+    ap.add_argument("--tokens", type=int, help="tokens per step (batch = tokens // context) instead of the "
+                    "setting's (124m: 32,768, 370m: 32,768), e.g. 65536 for one 65,536-token step at every context")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--loop", action="store_true", help="measure the training loop's overhead instead")
@@ -341,9 +387,9 @@ def main():
         (out / "loop_overhead.json").write_text(json.dumps(res, indent=1))
         print(json.dumps(res, indent=1))
         return
-    unknown = [c for c in args.cases if c != "ref" and c not in CASES]
+    unknown = [c for c in args.cases if c != "ref" and c not in CASES and c not in FLA_CASES]
     if unknown:
-        sys.exit(f"unknown case(s) {unknown}; valid: ref, {', '.join(CASES)}")
+        sys.exit(f"unknown case(s) {unknown}; valid: ref, {', '.join(CASES)}, {', '.join(FLA_CASES)}")
     partial = out / f"bench_train{args.tag}.partial.json"
     rows = json.loads(partial.read_text()) if args.resume and partial.exists() else []
     done = {key(r) for r in rows}
@@ -359,7 +405,7 @@ def main():
                     mode = "compiled" if compiled else "eager"
                     prof = out / f"profile_{case.replace('+', '-')}_{size}_{seq}_{mode}.txt"  # '+' is not portable
                     r = measure(case, size, int(seq), compiled, args.steps, args.warmup,
-                                profile=prof if args.profile else None, overrides=args.set)
+                                profile=prof if args.profile else None, overrides=args.set, tokens=args.tokens)
                 except Exception as e:  # noqa: BLE001 -- one failing case (OOM, a kernel limit) must not end the run
                     r = {"case": case, "size": size, "seq_len": int(seq), "compile": compiled,
                          "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}

@@ -87,3 +87,23 @@ def test_merge_appends_a_run_to_a_history(tmp_path):
     assert bench_train.summary([hist]).splitlines()[2:] == ["| transformer+rope | 70.0 |", "| gla+nope | 90.0 |"]
     with pytest.raises(SystemExit, match="already has a run 'B'"):
         bench_train.merge(hist, tmp_path / "b.json", "B", "")
+
+
+@pytest.mark.parametrize("case", list(bench_train.FLA_CASES))
+def test_fla_peers_have_this_repos_shape(case):
+    """FLA's own model of each kind, built at the 370m shape (not run: its kernels need a GPU): the same width,
+    depth, heads, MLP and vocabulary, so its parameter count is within 12% of this repo's model of that kind (the
+    kinds differ in gate and convolution parameters)."""
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        peer, _ = bench_train.build(case, "370m", 4096, 32000)
+        ours, _ = bench_train.build(bench_train.FLA_CASES[case][2], "370m", 4096, 32000)
+    cfg = peer.m.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_heads, cfg.intermediate_size, cfg.vocab_size) == \
+        (1024, 24, 16, 2816, 32000)
+    n_peer, n_ours = sum(p.numel() for p in peer.parameters()), ours.num_params()
+    assert abs(n_peer / n_ours - 1) < 0.12, (n_peer, n_ours)
+
+
+def test_activation_checkpointing_reaches_the_cases():
+    model, _ = bench_train.build("gla+nope", "tiny", 32, 128, ["train.activation_checkpointing=full"])
+    assert {b.checkpointing for b in model.blocks} == {"full"}

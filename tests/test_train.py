@@ -203,8 +203,8 @@ def _python(*args, drop=(), **kw):
 
 @pytest.mark.slow
 def test_resume_on_another_world_size_with_torchrun(tmp_path, data_cache):
-    """1 process to step 4, then 2 DDP processes (gloo, CPU) to step 8: the same global batches, so the losses
-    match the uninterrupted single-process run up to float summation order."""
+    """1 process to step 4, then 2 DDP processes (gloo, CPU; with activation checkpointing) to step 8: the same
+    global batches, so the losses match the uninterrupted single-process run up to float summation order."""
     common = tiny_overrides(tmp_path / "ddp", data_cache, "train.steps=8", "train.ckpt_interval=4", "train.micro_batch=2",
                             "optim.warmup=2")
     ref = tiny_overrides(tmp_path / "ref", data_cache, "train.steps=8", "train.micro_batch=2", "optim.warmup=2")
@@ -214,7 +214,8 @@ def test_resume_on_another_world_size_with_torchrun(tmp_path, data_cache):
     (tmp_path / "ddp" / "checkpoints" / "latest").write_text("step_0000004.pt")
     (tmp_path / "ddp" / "metrics.jsonl").unlink()
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-                        "train.py", *common], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "train.py", *common, "train.activation_checkpointing=full"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming a 1-process run on 2" in r.stderr
     a, b = _losses(tmp_path / "ref"), _losses(tmp_path / "ddp")
@@ -225,15 +226,16 @@ def test_resume_on_another_world_size_with_torchrun(tmp_path, data_cache):
 
 @pytest.mark.slow
 def test_fsdp_matches_one_process_and_checkpoints_cross_strategies(tmp_path, data_cache):
-    """train.strategy=fsdp (FSDP2 over 2 gloo processes) resumes a 1-process checkpoint and follows the 1-process
-    run's losses; its own checkpoint then resumes in 1 process and still follows them."""
+    """train.strategy=fsdp (FSDP2 over 2 gloo processes, selective activation checkpointing) resumes a 1-process
+    checkpoint and follows the 1-process run's losses; its own checkpoint then resumes in 1 process and still follows them."""
     opts = ("train.steps=8", "train.micro_batch=2", "optim.warmup=2")
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts, "train.ckpt_interval=4",
                                          "train.keep_checkpoints=3")))
     ref = _losses(tmp_path / "ref")
     (tmp_path / "fsdp" / "checkpoints").mkdir(parents=True)
     os.link(tmp_path / "ref" / "checkpoints" / "step_0000004.pt", tmp_path / "fsdp" / "checkpoints" / "step_0000004.pt")
-    fsdp = tiny_overrides(tmp_path / "fsdp", data_cache, *opts, "train.ckpt_interval=2", "train.strategy=fsdp")
+    fsdp = tiny_overrides(tmp_path / "fsdp", data_cache, *opts, "train.ckpt_interval=2", "train.strategy=fsdp",
+                          "train.activation_checkpointing=selective")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29537",
                         "train.py", *fsdp], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

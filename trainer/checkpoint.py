@@ -4,7 +4,7 @@ two runs out of one out_dir.
 
 A checkpoint is a torch.save dict: step, model (full state dict), optimizer (keyed by parameter name), scheduler,
 rng (per rank), world_size, strategy, config (the run's resolved config, model.head as built), tokenizer,
-vocab_size, wandb_id, stopped_at_acc.
+vocab_size, wandb_id, stopped_at_acc, nonfinite_skipped (steps train.nonfinite=skip skipped).
 """
 
 from __future__ import annotations
@@ -274,7 +274,8 @@ class Checkpointer:
                          f"{good or 'none'}" + (" (resume=auto continues from it)" if good else "")
                          + "; a lower optim.lr, longer optim.warmup or optim.grad_clip may help")
 
-    def save(self, step: int, stopped_at_acc: float | None = None, wandb_id: str | None = None) -> None:
+    def save(self, step: int, stopped_at_acc: float | None = None, wandb_id: str | None = None,
+             nonfinite_skipped: int = 0) -> None:
         rt, opt = self.rt, self.optimizer
         if not rt.all_finite([*self.model.parameters(), *(v for st in opt.state.values() for v in st.values())]):
             raise self.diverged(step, "the weights or optimizer state are not finite")
@@ -285,7 +286,8 @@ class Checkpointer:
             save_checkpoint(self.dir, step, {
                 "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if rt.fsdp else "ddp",
                 "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": rt.world,
-                "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc, **self.meta}, self.keep)
+                "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
+                "nonfinite_skipped": nonfinite_skipped, **self.meta}, self.keep)
 
     def restore(self, ckpt: dict, seed: int) -> int:
         """Optimizer, schedule and RNG streams of `ckpt` (None: fresh streams from seed); returns the start step."""

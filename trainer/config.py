@@ -12,7 +12,9 @@ import torch
 from common.errors import ConfigError
 from data.tasks import is_task
 from model import check_model_config
+from model.gpt import AC_MODES
 
+from .guard import MODES as NONFINITE
 from .logger import LOGGER_MODES
 from .optim import SCHEDULES
 
@@ -73,6 +75,11 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: ['auto', 'bf16', 'fp32']")
     if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
         raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
+    if t.get("nonfinite", "stop") not in NONFINITE:
+        raise ConfigError(f"train.nonfinite={t.nonfinite!r}; valid choices: {list(NONFINITE)}")
+    if t.get("activation_checkpointing", "none") not in AC_MODES:
+        raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r}; valid choices: "
+                          f"{list(AC_MODES)}")
     if t.get("strategy", "ddp") not in STRATEGIES:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("doc_boundaries") and is_task(cfg.data):

@@ -4,6 +4,7 @@ a line to the console; and the throughput numbers of those rows (tokens/s, MFU).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -110,10 +111,13 @@ class StepMeter:
         mean still counts every step since the last row."""
         self.t0, self.tokens = time.perf_counter(), 0
 
-    def add(self, loss: torch.Tensor):
-        self.loss_sum += loss
+    def add(self, loss: torch.Tensor | None):
+        """One step's loss; None for a skipped step (trainer/guard.py): its tokens count for throughput, its
+        non-finite loss not in the mean."""
         self.tokens += self.batch_tokens
-        self.steps += 1
+        if loss is not None:
+            self.loss_sum += loss
+            self.steps += 1
 
     def row(self, step: int, lr: float, grad_norm: torch.Tensor) -> dict:
         rt = self.rt
@@ -121,7 +125,7 @@ class StepMeter:
         if rt.cuda:
             torch.cuda.synchronize()
         tps = self.tokens / (time.perf_counter() - self.t0)
-        row = {"step": step, "loss": self.loss_sum.item() / max(1, self.steps), "lr": lr,
+        row = {"step": step, "loss": self.loss_sum.item() / self.steps if self.steps else math.nan, "lr": lr,
                "grad_norm": grad_norm.item(), "tokens_per_s": tps,
                "mfu": self.flops_per_token * tps / (self.peak * rt.world) if self.peak else None,
                "tokens": step * self.batch_tokens,

@@ -45,11 +45,12 @@ def make_schedule(optimizer, o, total: int):
 
 
 def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, autocast, grad_clip: float | None,
-               skip_sync=None):
+               skip_sync=None, guard=None):
     """One optimizer step over `accum` micro-batches (an iterable of device tensors x, y): gradients accumulate
     (under `skip_sync()` the gradient reduction across ranks waits for the last one), are clipped, and the optimizer
-    and schedule advance. Returns the mean loss and the gradient norm as device tensors: nothing here waits for the
-    GPU."""
+    and schedule advance. Returns the mean loss and the gradient norm as device tensors, and whether the optimizer
+    stepped: `guard(loss, grad_norm) -> bool` decides that, with the gradients still in place (trainer/guard.py);
+    without a guard nothing here waits for the GPU."""
     loss_sum = 0.0
     for micro, (x, y, *cu) in enumerate(micro_batches):  # (x, y) or (x, y, cu_seqlens)
         sync = skip_sync() if skip_sync is not None and micro < accum - 1 else nullcontext()
@@ -61,7 +62,9 @@ def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, aut
     grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), math.inf if grad_clip is None else grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
-    optimizer.step()
+    stepped = guard is None or guard(loss_sum, grad_norm)
+    if stepped:
+        optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm
+    return loss_sum, grad_norm, stepped

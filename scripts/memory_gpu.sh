@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU measurements of the memory issue (#23), in parts that each fit one sitting; every part writes under OUT:
+#   bash scripts/memory_gpu.sh OUT saved     # what each model keeps for backward, by module (saved_activations.py):
+#                                            # this repo's GLA, FoX, transformer vs FLA's GLA, FoX and nanoGPT's
+#   bash scripts/memory_gpu.sh OUT ac        # 370m/4096 compiled, activation checkpointing none | full | selective
+#   bash scripts/memory_gpu.sh OUT fla       # this repo (compiled and eager) vs FLA's own models (eager), 370m/4096
+#   bash scripts/memory_gpu.sh OUT longest   # one step of 65,536 tokens at contexts 65,536 and 16,384, full
+#                                            # checkpointing and the chunked loss, compiled, each main backbone
+# CASES overrides a part's cases; bench_train.py's --resume keeps the rows of a part cut short (run it again).
+set -uo pipefail
+OUT=${1:?usage: memory_gpu.sh OUT saved|ac|fla|longest}
+WHAT=${2:?usage: memory_gpu.sh OUT saved|ac|fla|longest}
+mkdir -p "$OUT"
+bench=(python scripts/bench_train.py --out "$OUT" --resume --steps 5 --warmup 2)
+case $WHAT in
+  saved)
+    python scripts/saved_activations.py --setting 370m:4096 --out "$OUT/saved_370m_4096.json" \
+      --cases ${CASES:-gla+nope fla:gla fox+nope fla:forgetting_transformer transformer+rope ref} ;;
+  ac)
+    for ac in none full selective; do
+      "${bench[@]}" --settings 370m:4096 --compile on --cases ${CASES:-transformer+rope gla+nope} \
+        --set train.activation_checkpointing=$ac --tag _ac_$ac
+    done ;;
+  fla)
+    "${bench[@]}" --settings 370m:4096 --compile off --tag _fla_peers \
+      --cases ${CASES:-fla:gla fla:gated_deltanet fla:forgetting_transformer fla:delta_net fla:retnet fla:linear_attn fla:path_attn}
+    "${bench[@]}" --settings 370m:4096 --compile both --tag _fla_ours \
+      --cases ${CASES:-gla+nope gated_deltanet+nope fox+nope deltanet+nope retnet+nope linear_attn+nope path+nope} ;;
+  longest)
+    python scripts/bench_train.py --out "$OUT" --resume --steps 3 --warmup 1 --settings 370m:65536 370m:16384 \
+      --tokens 65536 --compile on --tag _longest \
+      --set train.activation_checkpointing=full model.fused_loss=true \
+      --cases ${CASES:-transformer+rope fox+nope gla+nope gated_deltanet+nope sympow+rope} ;;
+  *) echo "unknown part $WHAT: saved | ac | fla | longest" >&2; exit 2 ;;
+esac

@@ -1,0 +1,205 @@
+"""Long runs and big models: activation checkpointing gives the plain model's gradients (every backbone, eager and
+through torch.compile's autograd); the non-finite guard catches a NaN before the optimizer step, names the step and
+the module that went bad, and stops with the last good state or skips the step."""
+
+import json
+import re
+
+import pytest
+import torch
+from conftest import compose, tiny_overrides
+
+import train as train_lib
+from common.errors import ConfigError, NonFinite
+from model import build_model
+from model.gpt import AC_MODES
+from model.mixers import REGISTRY as MIXERS
+from trainer.guard import first_nonfinite_output, nonfinite_gradients
+from trainer.objective import Objective
+
+V, T = 53, 20
+SIZE = {"name": "t", "n_layer": 3, "d_model": 32, "n_heads": 4, "seq_len": T}
+PE = {"transformer": "rope", "fox": "nope", "sympow": "rope", "path": "nope", "path_fox": "nope"}
+
+
+def _make(backbone, mode, **size):
+    torch.manual_seed(0)
+    m = build_model({"name": backbone}, {"name": PE.get(backbone, "nope")}, {**SIZE, **size}, V).double()
+    with torch.no_grad():  # zero-initialised gate biases etc. would hide code paths
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    m.set_activation_checkpointing(mode)
+    return m
+
+
+def _grads(m, idx, run=None):
+    """The loss and every parameter's gradient of m, called through `run` (m itself, or m compiled)."""
+    m.zero_grad(set_to_none=True)
+    _, loss = (m if run is None else run)(idx, idx.roll(-1, 1))
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("backbone", sorted(MIXERS))
+def test_activation_checkpointing_gives_the_plain_gradients(backbone):
+    idx = torch.randint(0, V, (2, T))
+    loss, ref = _grads(_make(backbone, "none"), idx)
+    assert len(ref) == sum(1 for _ in _make(backbone, "none").parameters())  # every parameter got a gradient
+    for mode in ("full", "selective"):
+        got_loss, got = _grads(_make(backbone, mode), idx)
+        assert got_loss == loss
+        assert got.keys() == ref.keys()
+        for n in ref:
+            torch.testing.assert_close(got[n], ref[n], rtol=1e-12, atol=1e-12, msg=f"{mode}: {n}")
+
+
+def test_what_each_mode_recomputes():
+    """The aten ops run during backward, counted: full runs every block's forward again (its matmuls too), selective
+    runs the norms and activations again but keeps the matmul outputs (the same matmuls as without checkpointing)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            self.ops[name] = self.ops.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    idx = torch.randint(0, V, (2, T))
+    counts = {}
+    for mode in AC_MODES:
+        m = _make("transformer", mode, n_layer=4)
+        _, loss = m(idx, idx.roll(-1, 1))
+        with Count() as c:
+            loss.backward()
+        counts[mode] = c.ops
+    mm = {mode: sum(n for op, n in ops.items() if op in ("mm", "addmm", "bmm")) for mode, ops in counts.items()}
+    silu = {mode: ops.get("silu", 0) for mode, ops in counts.items()}
+    assert mm["selective"] == mm["none"] < mm["full"], mm
+    assert silu["none"] == 0 and silu["full"] == silu["selective"] == 4, silu  # one SwiGLU per block, run again
+
+
+def test_activation_checkpointing_under_torch_compile():
+    """selective: Dynamo traces the checkpointed blocks and AOTAutograd partitions them; full: each block compiled on
+    its own, inside an eager checkpoint (the aot_eager backend: Inductor's code generation would only add compile time
+    here). Gradients equal the eager plain model's."""
+    idx = torch.randint(0, V, (2, T))
+    loss, ref = _grads(_make("gla", "none"), idx)
+    torch._dynamo.reset()
+    for mode in ("full", "selective"):
+        m = _make("gla", mode)
+        if mode == "full":  # as train.py compiles it: each block on its own, inside the checkpoint
+            m.set_activation_checkpointing(mode)
+            for b in m.blocks:
+                b.compiled_forward = torch.compile(b._forward, backend="aot_eager")
+        got_loss, got = _grads(m, idx, torch.compile(m, backend="aot_eager"))
+        torch.testing.assert_close(got_loss, loss, rtol=1e-12, atol=1e-12)
+        for n in ref:
+            torch.testing.assert_close(got[n], ref[n], rtol=1e-12, atol=1e-12, msg=f"{mode}: {n}")
+
+
+def test_bad_modes_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"valid choices: \['none', 'full', 'selective'\]"):
+        _make("transformer", "some")
+    for key, bad, match in (("activation_checkpointing", "half", r"\['none', 'full', 'selective'\]"),
+                            ("nonfinite", "ignore", r"\['stop', 'skip'\]")):
+        with pytest.raises(ConfigError, match=f"train.{key}='{bad}'; valid choices: {match}"):
+            train_lib.run(compose([f"out_dir={tmp_path}", f"train.{key}={bad}"]))
+
+
+# ------------------------------------------------------------------------------------------------ non-finite guard
+def test_the_first_nonfinite_module_is_named():
+    m = _make("transformer", "none").float()
+    idx = torch.randint(0, V, (2, T))
+    batches = [(idx, idx), (idx, idx)]
+    assert first_nonfinite_output(m, batches, torch.autocast("cpu", enabled=False)) is None
+    calls = []  # the mixer of block 1 puts an inf at position 3 of the second micro-batch
+
+    def inf_once(mod, args, out):
+        calls.append(1)
+        return out.index_fill(1, torch.tensor([3]), torch.inf) if len(calls) == 2 else out
+
+    hook = m.blocks[1].mixer.register_forward_hook(inf_once)
+    got = first_nonfinite_output(m, batches, torch.autocast("cpu", enabled=False))
+    assert got == "blocks.1.mixer (SoftmaxAttention) in block 1 of 3, micro-batch 1", got
+    hook.remove()
+    _, loss = m(idx, idx)
+    loss.backward()
+    assert nonfinite_gradients(m) == []
+    m.blocks[2].mlp.w2.weight.grad[0, 0] = float("nan")
+    m.norm.weight.grad[1] = float("-inf")
+    assert nonfinite_gradients(m) == ["blocks.2.mlp.w2.weight", "norm.weight"]
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Makes block 1's MLP output NaN (forward) or its gradient NaN (backward) at the chosen 0-based steps: the
+    step is known from the objective's micro_batches(step), which the guard calls again to diagnose."""
+    state = {"now": None, "forward": set(), "backward": set()}
+    real_batches, real_build = Objective.micro_batches, train_lib.build_model
+
+    def micro_batches(self, step):
+        state["now"] = step
+        yield from real_batches(self, step)
+        state["now"] = None
+
+    def hook(module, args, out):
+        if state["now"] in state["forward"]:
+            return out * float("nan")
+        if state["now"] in state["backward"] and out.requires_grad:
+            out.register_hook(lambda g: g * float("nan"))
+
+    def build(*a, **kw):
+        model = real_build(*a, **kw)
+        model.blocks[1].mlp.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(Objective, "micro_batches", micro_batches)
+    monkeypatch.setattr(train_lib, "build_model", build)
+    return state
+
+
+def _rows(out_dir):
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_nonfinite_stop_checkpoints_the_last_good_state_and_names_the_module(tmp_path, data_cache, poison):
+    poison["forward"] = {4}
+    cfg = tiny_overrides(tmp_path, data_cache, "train.steps=8", "train.ckpt_interval=3", "train.log_interval=1")
+    with pytest.raises(NonFinite, match=r"^step 5: loss nan, gradient norm nan \(first non-finite output: "
+                       r"blocks\.1\.mlp \(SwiGLU\) in block 1 of 2, micro-batch 0\); the weights were not updated\. "
+                       r"The last good state is .*step_0000004\.pt \(resume=auto continues from it\); "
+                       r"train\.nonfinite=skip skips"):
+        train_lib.run(compose(cfg))
+    ck = torch.load(tmp_path / "checkpoints" / "step_0000004.pt", weights_only=False)
+    assert ck["step"] == 4 and all(torch.isfinite(v).all() for v in ck["model"].values())
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_0000004.pt"
+    assert [r["step"] for r in _rows(tmp_path) if "loss" in r] == [1, 2, 3, 4]  # the bad step is not logged
+    # the state it kept is the one an unpoisoned run has after 4 steps
+    poison["forward"] = set()
+    train_lib.run(compose(tiny_overrides(tmp_path / "clean", data_cache, "train.steps=8", "train.ckpt_interval=4")))
+    clean = torch.load(tmp_path / "clean" / "checkpoints" / "step_0000004.pt", weights_only=False)["model"]
+    assert all(torch.equal(clean[k], ck["model"][k]) for k in clean)
+
+
+def test_nonfinite_skip_leaves_the_weights_and_counts_the_steps(tmp_path, data_cache, poison, capsys):
+    poison["forward"], poison["backward"] = {1}, {3}
+    cfg = tiny_overrides(tmp_path, data_cache, "train.steps=6", "train.log_interval=2", "train.nonfinite=skip",
+                         "train.ckpt_interval=100")
+    result = train_lib.run(compose(cfg))
+    out = capsys.readouterr().out
+    assert "step      2 | step 2: loss nan, gradient norm nan (first non-finite output: blocks.1.mlp (SwiGLU) in " \
+           "block 1 of 2, micro-batch 0): skipped (train.nonfinite=skip), the weights are those of step 1" in out
+    # a NaN made in backward: the re-run forward is finite, the gradients upstream of block 1's MLP are not (in
+    # model order: the embedding first)
+    assert re.search(r"step      4 \| step 4: loss 6\.\d+, gradient norm nan \(the forward is finite; non-finite "
+                     r"gradients in wte\.weight, blocks\.0\.norm1\.weight, blocks\.0\.mixer\.qkv\.weight\): skipped", out)
+    rows = [r for r in _rows(tmp_path) if "loss" in r]
+    assert [(r["step"], r["nonfinite_skipped"]) for r in rows] == [(2, 1), (4, 2), (6, 2)]
+    assert all(r["loss"] == r["loss"] for r in rows) and result["loss"] == rows[-1]["loss"]  # no NaN in the means
+    ck = torch.load(tmp_path / "checkpoints" / "step_0000006.pt", weights_only=False)
+    assert ck["nonfinite_skipped"] == 2
+    assert {s["step"].item() for s in ck["optimizer"]["state"].values()} == {4.0}  # 6 steps, 2 not taken
