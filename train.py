@@ -35,7 +35,7 @@ from trainer.runtime import Runtime
 
 def run(cfg) -> dict:
     """Train as the config says; returns the final metrics. Raises ConfigError / ShardError on bad input and
-    NonFinite when a step goes non-finite under train.nonfinite=stop (trainer/guard.py). The out_dir's lock is released however it ends."""
+    NonFinite when a step goes non-finite (train.nonfinite=stop). The out_dir's lock is released however it ends."""
     lock = None
     try:
         t = cfg.train
@@ -87,8 +87,7 @@ def run(cfg) -> dict:
                    dynamic_ncols=True, file=sys.stdout)
         say = lambda step, msg: rt.master and bar.write(f"step {step:6d} | {msg}")  # noqa: E731
         profiler = Profiler(t.profile_steps, out_dir, rt.master, rt.device) if t.profile_steps else None
-        guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, wandb_id=logger.run_id,
-                               skipped=ckpt.get("nonfinite_skipped", 0) if ckpt else 0)
+        guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, wandb_id=logger.run_id)
         result, paused, done = {}, False, start
 
         for step in range(start, steps):
@@ -103,8 +102,7 @@ def run(cfg) -> dict:
             bar.update(1)
             last = done == steps
             if done % t.log_interval == 0 or last:
-                row = meter.row(done, lr, grad_norm)
-                row["nonfinite_skipped"] = guard.skipped
+                row = {**meter.row(done, lr, grad_norm), "nonfinite_skipped": saver.nonfinite_skipped}
                 logger.log(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}")
                 say(done, meter.line(row))
@@ -117,15 +115,15 @@ def run(cfg) -> dict:
                 meter.restart()  # evaluation time is not training throughput
                 if not last and (acc := objective.should_stop(metrics)) is not None:
                     say(done, f"accuracy {acc:.4f} >= train.stop_acc={t.stop_acc}: stopping")
-                    saver.save(done, stopped_at_acc=acc, wandb_id=logger.run_id, nonfinite_skipped=guard.skipped)
+                    saver.save(done, stopped_at_acc=acc, wandb_id=logger.run_id)
                     break
             if done % t.ckpt_interval == 0 or last:
-                saver.save(done, wandb_id=logger.run_id, nonfinite_skipped=guard.skipped)
+                saver.save(done, wandb_id=logger.run_id)
                 meter.restart()
             if t.get("time_limit") and done % t.log_interval == 0 and not last and \
                     rt.master_decides(time.perf_counter() - rt.started > t.time_limit):
                 if done % t.ckpt_interval:
-                    saver.save(done, wandb_id=logger.run_id, nonfinite_skipped=guard.skipped)  # a pause, not an end: resume=auto goes on from here
+                    saver.save(done, wandb_id=logger.run_id)  # a pause, not an end: resume=auto goes on from here
                 paused = True
                 say(done, f"train.time_limit={t.time_limit} s reached: checkpointed; run again (resume=auto) to go on")
                 break

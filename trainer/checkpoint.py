@@ -267,6 +267,7 @@ class Checkpointer:
         self.dir, self.rt, self.model = out_dir / "checkpoints", rt, model
         self.optimizer, self.scheduler = optimizer, scheduler
         self.meta, self.keep, self.last_good = meta, keep, last
+        self.nonfinite_skipped = 0  # steps train.nonfinite=skip skipped since the run began (trainer/guard.py)
 
     def diverged(self, step: int, what: str) -> NonFinite:
         good = self.last_good
@@ -274,8 +275,7 @@ class Checkpointer:
                          f"{good or 'none'}" + (" (resume=auto continues from it)" if good else "")
                          + "; a lower optim.lr, longer optim.warmup or optim.grad_clip may help")
 
-    def save(self, step: int, stopped_at_acc: float | None = None, wandb_id: str | None = None,
-             nonfinite_skipped: int = 0) -> None:
+    def save(self, step: int, stopped_at_acc: float | None = None, wandb_id: str | None = None) -> None:
         rt, opt = self.rt, self.optimizer
         if not rt.all_finite([*self.model.parameters(), *(v for st in opt.state.values() for v in st.values())]):
             raise self.diverged(step, "the weights or optimizer state are not finite")
@@ -287,12 +287,13 @@ class Checkpointer:
                 "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if rt.fsdp else "ddp",
                 "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": rt.world,
                 "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
-                "nonfinite_skipped": nonfinite_skipped, **self.meta}, self.keep)
+                "nonfinite_skipped": self.nonfinite_skipped, **self.meta}, self.keep)
 
     def restore(self, ckpt: dict, seed: int) -> int:
         """Optimizer, schedule and RNG streams of `ckpt` (None: fresh streams from seed); returns the start step."""
         rt = self.rt
         if ckpt is not None:
+            self.nonfinite_skipped = ckpt.get("nonfinite_skipped", 0)
             rt.load_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
             self.scheduler.load_state_dict(ckpt["scheduler"])
             if ckpt["world_size"] == rt.world:

@@ -78,10 +78,9 @@ class NonFiniteGuard:
     """train_step's `guard`: says whether the step may be taken; on a non-finite step it diagnoses, then stops
     (raising NonFinite after checkpointing the last good state) or skips."""
 
-    def __init__(self, mode: str, rt, model, objective, saver, say, skipped: int = 0, wandb_id: str | None = None):
+    def __init__(self, mode: str, rt, model, objective, saver, say, wandb_id: str | None = None):
         self.mode, self.rt, self.model, self.objective = mode, rt, model, objective
         self.saver, self.say, self.wandb_id = saver, say, wandb_id
-        self.skipped = skipped  # steps skipped since the run began (kept in its checkpoints)
 
     def __call__(self, step: int, start: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """step: the 0-based index of the step about to be taken (the state holds `step` steps); start: the step
@@ -92,11 +91,11 @@ class NonFiniteGuard:
         where = self.diagnose(step)
         what = f"step {step + 1}: loss {loss.item():.4g}, gradient norm {grad_norm.item():.4g} ({where})"
         if self.mode == "skip":
-            self.skipped += 1
+            self.saver.nonfinite_skipped += 1  # the count lives in the checkpoints
             self.say(step + 1, f"{what}: skipped (train.nonfinite=skip), the weights are those of step {step}")
             return False
         if step > start:  # the weights before this step: the last good state (at `start` it is already on disk)
-            self.saver.save(step, wandb_id=self.wandb_id, nonfinite_skipped=self.skipped)
+            self.saver.save(step, wandb_id=self.wandb_id)
         raise NonFinite(f"{what}; the weights were not updated. The last good state is "
                         f"{self.saver.last_good or 'the initial model'}"
                         + (" (resume=auto continues from it)" if self.saver.last_good else "")
