@@ -10,8 +10,9 @@ through the plain model with a forward hook on every module, and the first modul
 innermost) whose output is not finite is named with its block; when the forward is finite everywhere, the
 backward went bad, and the parameters whose gradients are not finite are named instead.
 
-The check costs one host-device synchronisation per step (the flag is reduced over ranks first): the host can no
-longer queue the next step's kernels while the GPU finishes this one, a few tens of microseconds per step.
+The check costs one host-device synchronisation per step (the flag is reduced over ranks first): the host no longer
+queues the next step's kernels while the GPU finishes this one. Not measured apart: bench_train.py times
+train_step without a guard.
 """
 
 from __future__ import annotations
