@@ -87,7 +87,7 @@ def run(cfg) -> dict:
                    dynamic_ncols=True, file=sys.stdout)
         say = lambda step, msg: rt.master and bar.write(f"step {step:6d} | {msg}")  # noqa: E731
         profiler = Profiler(t.profile_steps, out_dir, rt.master, rt.device) if t.profile_steps else None
-        guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, wandb_id=logger.run_id)
+        guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, start, wandb_id=logger.run_id)
         result, paused, done = {}, False, start
 
         for step in range(start, steps):
@@ -96,7 +96,7 @@ def run(cfg) -> dict:
             lr = scheduler.get_last_lr()[0]
             loss, grad_norm, stepped = train_step(
                 train_model, objective.micro_batches(step), plan["grad_accum"], optimizer, scheduler, rt.autocast,
-                cfg.optim.grad_clip, rt.no_sync, guard=lambda loss, norm: guard(step, start, loss, norm))
+                cfg.optim.grad_clip, rt.no_sync, guard=lambda loss, norm: guard(step, loss, norm))
             meter.add(loss if stepped else None)
             done = step + 1
             bar.update(1)

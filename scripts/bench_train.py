@@ -98,7 +98,7 @@ class FLAPeer(nn.Module):
         import fla.models
         from transformers import AutoModelForCausalLM
         cls_name, extra, _ = FLA_CASES[case]
-        extra = {k: (d // n_heads if k == "head_dim" else v) for k, v in extra.items()}
+        extra = {k: (d // n_heads if k == "head_dim" else v) for k, v in extra.items()}  # head_dim: this repo's
         cfg = getattr(fla.models, cls_name)(hidden_size=d, num_hidden_layers=n_layer, num_heads=n_heads,
                                             intermediate_size=mlp, vocab_size=vocab, tie_word_embeddings=False,
                                             max_position_embeddings=seq_len, **extra)
@@ -148,7 +148,7 @@ def compose(overrides):
         return hydra_compose("config", overrides=list(overrides))
 
 
-def build(case: str, size: str, seq: int, vocab: int, overrides=()):
+def build(case: str, size: str, seq: int, vocab: int, overrides=(), compiled: bool = False):
     if case == "ref":
         m = compose([f"model={size}"]).model
         return NanoGPT(vocab, m.n_layer, m.d_model, m.n_heads, seq), compose([]).optim
@@ -157,7 +157,8 @@ def build(case: str, size: str, seq: int, vocab: int, overrides=()):
         return FLAPeer(case, m.n_layer, m.d_model, m.n_heads, m.mlp_hidden, seq, vocab), compose([]).optim
     cfg = compose([*CASES[case], f"model={size}", f"model.seq_len={seq}", *overrides])
     model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab)
-    model.set_activation_checkpointing(cfg.train.activation_checkpointing)  # --set train.activation_checkpointing=..
+    # --set train.activation_checkpointing=...; compiled: as train.py sets it up with train.compile=true
+    model.set_activation_checkpointing(cfg.train.activation_checkpointing, compile_blocks=compiled)
     return model, cfg.optim
 
 
@@ -170,12 +171,10 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
-    model, optim_cfg = build(case, model_name, seq, vocab, overrides)
+    model, optim_cfg = build(case, model_name, seq, vocab, overrides, compiled)
     model = model.to(device)
     optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    if compiled and hasattr(model, "set_activation_checkpointing"):  # as train.py does with train.compile=true
-        model.set_activation_checkpointing(model.blocks[0].checkpointing, compile_blocks=True)
     train_model = torch.compile(model) if compiled else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
     data = torch.randint(0, vocab, (4, B, seq + 1), device=device)

@@ -97,7 +97,8 @@ def main():
         for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["bytes"])[:args.top]:
             print(f"| {name} | {r['bytes'] / 2 ** 20:,.0f} | {r['count']} | {'; '.join(r['shapes'][:2])} |")
         del model
-        torch.cuda.empty_cache() if device == "cuda" else None
+        if device == "cuda":
+            torch.cuda.empty_cache()
     if args.out:
         args.out.write_text(json.dumps({"setting": args.setting, "device": torch.cuda.get_device_name()
                                         if device == "cuda" else "cpu", "cases": result}, indent=1))

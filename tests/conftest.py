@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,6 +28,11 @@ def compose(overrides=(), config_name="config"):
 def data_cache(tmp_path_factory):
     """One embedded-corpus cache (small BPE vocabulary) for the whole session."""
     return str(tmp_path_factory.mktemp("cache"))
+
+
+def metrics_rows(out_dir) -> list[dict]:
+    """Every row a run logged to out_dir/metrics.jsonl."""
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def tiny_overrides(out_dir, cache, *extra):

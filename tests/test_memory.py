@@ -2,12 +2,11 @@
 through torch.compile's autograd); the non-finite guard catches a NaN before the optimizer step, names the step and
 the module that went bad, and stops with the last good state or skips the step."""
 
-import json
 import re
 
 import pytest
 import torch
-from conftest import compose, tiny_overrides
+from conftest import compose, metrics_rows, tiny_overrides
 
 import train as train_lib
 from common.errors import ConfigError, NonFinite
@@ -43,8 +42,9 @@ def _grads(m, idx, run=None):
 @pytest.mark.parametrize("backbone", sorted(MIXERS))
 def test_activation_checkpointing_gives_the_plain_gradients(backbone):
     idx = torch.randint(0, V, (2, T))
-    loss, ref = _grads(_make(backbone, "none"), idx)
-    assert len(ref) == sum(1 for _ in _make(backbone, "none").parameters())  # every parameter got a gradient
+    plain = _make(backbone, "none")
+    loss, ref = _grads(plain, idx)
+    assert len(ref) == sum(1 for _ in plain.parameters())  # every parameter got a gradient
     for mode in ("full", "selective"):
         got_loss, got = _grads(_make(backbone, mode), idx)
         assert got_loss == loss
@@ -162,10 +162,6 @@ def poison(monkeypatch):
     return state
 
 
-def _rows(out_dir):
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_nonfinite_stop_checkpoints_the_last_good_state_and_names_the_module(tmp_path, data_cache, poison):
     poison["forward"] = {4}
     cfg = tiny_overrides(tmp_path, data_cache, "train.steps=8", "train.ckpt_interval=3", "train.log_interval=1")
@@ -177,7 +173,7 @@ def test_nonfinite_stop_checkpoints_the_last_good_state_and_names_the_module(tmp
     ck = torch.load(tmp_path / "checkpoints" / "step_0000004.pt", weights_only=False)
     assert ck["step"] == 4 and all(torch.isfinite(v).all() for v in ck["model"].values())
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_0000004.pt"
-    assert [r["step"] for r in _rows(tmp_path) if "loss" in r] == [1, 2, 3, 4]  # the bad step is not logged
+    assert [r["step"] for r in metrics_rows(tmp_path) if "loss" in r] == [1, 2, 3, 4]  # the bad step is not logged
     # the state it kept is the one an unpoisoned run has after 4 steps
     poison["forward"] = set()
     train_lib.run(compose(tiny_overrides(tmp_path / "clean", data_cache, "train.steps=8", "train.ckpt_interval=4")))
@@ -197,7 +193,7 @@ def test_nonfinite_skip_leaves_the_weights_and_counts_the_steps(tmp_path, data_c
     # model order: the embedding first)
     assert re.search(r"step      4 \| step 4: loss 6\.\d+, gradient norm nan \(the forward is finite; non-finite "
                      r"gradients in wte\.weight, blocks\.0\.norm1\.weight, blocks\.0\.mixer\.qkv\.weight\): skipped", out)
-    rows = [r for r in _rows(tmp_path) if "loss" in r]
+    rows = [r for r in metrics_rows(tmp_path) if "loss" in r]
     assert [(r["step"], r["nonfinite_skipped"]) for r in rows] == [(2, 1), (4, 2), (6, 2)]
     assert all(r["loss"] == r["loss"] for r in rows) and result["loss"] == rows[-1]["loss"]  # no NaN in the means
     ck = torch.load(tmp_path / "checkpoints" / "step_0000006.pt", weights_only=False)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, compose, tiny_overrides
+from conftest import ROOT, compose, metrics_rows, tiny_overrides
 
 import data as data_lib
 import eval as eval_lib
@@ -22,10 +22,6 @@ import train as train_lib
 from common.errors import NonFinite
 from trainer.optim import train_step
 from model import ConfigError
-
-
-def _rows(out_dir):
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _train_cmd(out_dir, cache, *extra):
@@ -57,7 +53,7 @@ def test_two_runs_in_one_out_dir_exactly_one_trains(tmp_path, cache):
     winner_pe = ("rope", "alibi")[[r[0] for r in results].index(0)]
     ckpt = torch.load(out / "checkpoints" / "step_0000030.pt", weights_only=False)
     assert ckpt["config"]["pe"]["name"] == winner_pe
-    assert [r["step"] for r in _rows(out) if "loss" in r] == list(range(1, 31))
+    assert [r["step"] for r in metrics_rows(out) if "loss" in r] == list(range(1, 31))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000030.pt"]
     assert not (out / "run.lock").exists()
 
@@ -140,7 +136,8 @@ def test_kill_between_checkpoints_resumes_exactly_with_one_metrics_row_per_step(
     resumed = subprocess.run(_train_cmd(b, cache, *common), cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "is stale: taking it over" in resumed.stderr
-    a_rows, b_rows = [r for r in _rows(tmp_path / "a") if "loss" in r], [r for r in _rows(b) if "loss" in r]
+    a_rows = [r for r in metrics_rows(tmp_path / "a") if "loss" in r]
+    b_rows = [r for r in metrics_rows(b) if "loss" in r]
     assert [r["step"] for r in b_rows] == list(range(1, 201))
     assert [r["loss"] for r in b_rows] == [r["loss"] for r in a_rows]
 

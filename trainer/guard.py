@@ -79,13 +79,13 @@ class NonFiniteGuard:
     """train_step's `guard`: says whether the step may be taken; on a non-finite step it diagnoses, then stops
     (raising NonFinite after checkpointing the last good state) or skips."""
 
-    def __init__(self, mode: str, rt, model, objective, saver, say, wandb_id: str | None = None):
+    def __init__(self, mode: str, rt, model, objective, saver, say, start: int, wandb_id: str | None = None):
+        """start: the step this process began at (its state is already on disk, or the initial model)."""
         self.mode, self.rt, self.model, self.objective = mode, rt, model, objective
-        self.saver, self.say, self.wandb_id = saver, say, wandb_id
+        self.saver, self.say, self.start, self.wandb_id = saver, say, start, wandb_id
 
-    def __call__(self, step: int, start: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
-        """step: the 0-based index of the step about to be taken (the state holds `step` steps); start: the step
-        this process began at."""
+    def __call__(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """step: the 0-based index of the step about to be taken (the state holds `step` steps)."""
         rt = self.rt
         if rt.all_finite([loss, grad_norm]):
             return True
@@ -95,7 +95,7 @@ class NonFiniteGuard:
             self.saver.nonfinite_skipped += 1  # the count lives in the checkpoints
             self.say(step + 1, f"{what}: skipped (train.nonfinite=skip), the weights are those of step {step}")
             return False
-        if step > start:  # the weights before this step: the last good state (at `start` it is already on disk)
+        if step > self.start:  # the weights before this step: the last good state
             self.saver.save(step, wandb_id=self.wandb_id)
         raise NonFinite(f"{what}; the weights were not updated. The last good state is "
                         f"{self.saver.last_good or 'the initial model'}"
