@@ -2,6 +2,7 @@
 (conf/eval.yaml) says what to measure. `ckpt` is one checkpoint or a list of them, compared in one table or plot.
 
     python eval.py ckpt=outputs/gla-rope-124m mode=lm_eval                      # seed 004's tasks + wikitext
+    python eval.py ckpt=RUN mode=export out=exports/gla-rope                   # a transformers model folder (hf.py)
     python eval.py ckpt=RUN mode=lm_eval lm_eval.include_path=evals/local_tasks 'lm_eval.tasks=[pydoc]'
     python eval.py 'ckpt=[RUN_A,RUN_B]' mode=position_loss data=text data.files='long/*.txt'
     python eval.py ckpt=RUN mode=perplexity seq_len=4096                       # any data config, any context
@@ -10,7 +11,8 @@
     python eval.py mode=kernel 'kernel.fresh=[transformer/alibi,retnet/nope,fox/nope,transformer/rope]'
 
 Modes:
-  lm_eval        lm-evaluation-harness scores (evals/harness.py); a seed-004-style markdown table, printed and saved
+  lm_eval        lm-evaluation-harness scores through its HFLM (evals/harness.py); a seed-004-style markdown table
+  export         config.json + model.safetensors + tokenizer, for AutoModelForCausalLM after `import duality.hf`
   position_loss  next-token loss by position over long held-out windows (evals/position.py); JSON + log-x PNG
   perplexity     validation loss / perplexity; with several checkpoints also loss vs training context (PNG)
   sample         generation through each mixer's KV cache / recurrent state
@@ -31,13 +33,13 @@ from pathlib import Path
 
 import torch
 
-from common.errors import ConfigError
-from common.io import write_atomic
-from model import build_model
-from trainer.checkpoint import load_model
-from trainer.checkpoint import newest_checkpoint as resolve_ckpt
+from duality.common.errors import ConfigError
+from duality.common.io import write_atomic
+from duality.model import build_model
+from duality.trainer.checkpoint import load_model
+from duality.trainer.checkpoint import newest_checkpoint as resolve_ckpt
 
-MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel")
+MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel", "export")
 
 
 def labels(loaded, paths) -> list[str]:
@@ -47,14 +49,19 @@ def labels(loaded, paths) -> list[str]:
     return [f"{n} {p}" if names.count(n) > 1 else n for n, p in zip(names, paths)]
 
 
+def lm_eval_labels(paths) -> list[str]:
+    from duality.trainer.checkpoint import read_checkpoint
+    return labels([(None, None, read_checkpoint(p)[1]) for p in paths], paths)
+
+
 @torch.no_grad()
 def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: int, device, autocast,
                doc_boundaries: bool = False) -> dict:
     """Mean next-token loss over the first n_tokens of the data's validation split, tokenized by the model's own
     tokenizer, in windows of seq_len (which may exceed the training context); with doc_boundaries, documents packed
     and kept apart, as a model trained with train.doc_boundaries saw them."""
-    import data as data_lib
-    from trainer.objective import validation_loss  # training's own validation, in one process
+    from duality import data as data_lib
+    from duality.trainer.objective import validation_loss  # training's own validation, in one process
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
     windows = info.windows("val", seq_len, shuffle=False)
     n = min(len(windows), max(1, n_tokens // seq_len))
@@ -65,7 +72,7 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
 def task_accuracy(model, ckpt, cfg, device, autocast, plot: Path) -> dict:
     from omegaconf import OmegaConf
 
-    from data import tasks
+    from duality.data import tasks
     data_cfg = dict(ckpt["config"]["data"])
     if not tasks.is_task(data_cfg):
         raise ConfigError(f"mode=task needs a checkpoint trained on a synthetic task; this one used data={data_cfg['name']}")
@@ -130,7 +137,7 @@ def fresh_models(specs, device, size: str = "tiny", seq_len: int | None = None, 
 
 
 def kernels(cfg, loaded, names, device) -> dict:
-    from evals.pe_kernel import relative_kernel
+    from duality.evals.pe_kernel import relative_kernel
     T, g = cfg.kernel.length, torch.Generator().manual_seed(cfg.seed)
     models = [(n, m, tok) for n, (m, tok, _) in zip(names, loaded)] + [
         (n, m, None) for n, m in fresh_models(cfg.kernel.fresh, device, seq_len=T)]
@@ -160,36 +167,44 @@ def run(cfg) -> dict:
     if not paths and cfg.mode != "kernel":
         raise ConfigError("ckpt=<path> is required (a step_*.pt file, a checkpoints/ folder, a run's out_dir, or a "
                           "list: 'ckpt=[a,b]')")
-    if len(paths) > 1 and cfg.mode in ("sample", "task"):
+    if len(paths) > 1 and cfg.mode in ("sample", "task", "export"):
         raise ConfigError(f"mode={cfg.mode} takes one checkpoint; got {len(paths)}")
     for p in paths:  # every path checked before any work
         resolve_ckpt(p)
     if cfg.mode == "lm_eval":  # the tasks and their data are checked before any model is loaded
         try:
-            from evals import harness
+            from duality.evals import harness
         except ImportError as e:
             raise ConfigError(f"mode=lm_eval needs lm-evaluation-harness ({e}): pip install lm-eval") from None
         task_manager = harness.load_tasks(list(cfg.lm_eval.tasks), cfg.lm_eval.include_path)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
+    if cfg.mode == "export":  # a folder, not a JSON of results
+        from duality.hf import export
+        out = export(paths[0], cfg.out or resolve_ckpt(paths[0]).parent.parent / "hf", cfg.export_dtype)
+        print(f"exported {resolve_ckpt(paths[0])} -> {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
+        return {"mode": "export", "out": str(out), "ckpt": str(resolve_ckpt(paths[0]))}
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     out = Path(cfg.out) if cfg.out else (
         (resolve_ckpt(paths[0]).parent.parent if len(paths) == 1 else Path("outputs/eval")) / f"eval_{cfg.mode}.json")
     plot = Path(cfg.plot) if cfg.plot else out.with_suffix(".png")
-    loaded = [load_model(p, device) for p in paths]
-    names = labels(loaded, paths)
+    loaded = [load_model(p, device) for p in paths] if cfg.mode != "lm_eval" else []
+    names = labels(loaded, paths) if loaded else lm_eval_labels(paths)
 
     if cfg.mode == "kernel":
-        from evals.pe_kernel import plot_kernels
+        from duality.evals.pe_kernel import plot_kernels
         found = kernels(cfg, loaded, names, device)
         plot_kernels(found, plot, title=f"layer {cfg.kernel.layer}: weight of a key at distance t - j")
         result = {"kernels": {n: {k: v.tolist() for k, v in ks.items()} for n, ks in found.items()}}
     elif cfg.mode == "lm_eval":
         rows, raw = {}, {}
         L = cfg.lm_eval
-        for (model, tok, _), name, path in zip(loaded, names, paths):
-            lm = harness.DualityLM(model, tok, batch_size=L.batch_size, max_length=L.max_length, device=device)
+        from duality.hf import DualityForCausalLM
+        for name, path in zip(names, paths):
+            model, tokenizer = DualityForCausalLM.from_checkpoint(path, device)
+            lm = harness.hflm(model, tokenizer, batch_size=L.batch_size, max_length=L.max_length)
             res = harness.evaluate(lm, list(L.tasks), task_manager, L.num_fewshot, L.limit)
+            del model, lm
             rows[name], raw[str(path)] = harness.columns(res), res["results"]
         table = harness.markdown_table(rows)
         print(table)
@@ -197,7 +212,7 @@ def run(cfg) -> dict:
         out.with_suffix(".md").write_text(table + "\n")
         result = {"table": rows, "results": raw, "tasks": list(L.tasks), "num_fewshot": L.num_fewshot}
     elif cfg.mode == "position_loss":
-        from evals.position import plot_position_loss, position_loss
+        from duality.evals.position import plot_position_loss, position_loss
         P, curves = cfg.position_loss, {}
         for (model, tok, ckpt), name in zip(loaded, names):
             r = position_loss(model, tok, data_config(cfg, ckpt), P.length, P.max_windows, cfg.micro_batch, P.chunk, device, autocast)
@@ -222,7 +237,7 @@ def run(cfg) -> dict:
             r.update(ckpt=str(resolve_ckpt(path)), step=ckpt["step"])
             result = r if len(paths) == 1 else {**result, name: r}
         if cfg.mode == "perplexity" and len(paths) > 1:
-            from evals.position import plot_loss_vs_context
+            from duality.evals.position import plot_loss_vs_context
             groups: dict = {}
             for (_, _, ckpt), name in zip(loaded, names):
                 c = ckpt["config"]
@@ -242,7 +257,7 @@ def log_wandb(cfg, result: dict, plot: Path, out: Path) -> None:
     import wandb
     from omegaconf import OmegaConf
 
-    from trainer.logger import wandb_logged_in
+    from duality.trainer.logger import wandb_logged_in
     mode = "online" if (os.environ.get("WANDB_API_KEY") or wandb_logged_in()) else "offline"
     run = wandb.init(project=cfg.wandb_project, job_type="eval", name=f"eval-{cfg.mode}", mode=mode,
                      dir=str(out.parent), config=OmegaConf.to_container(cfg, resolve=True))
@@ -258,7 +273,7 @@ def log_wandb(cfg, result: dict, plot: Path, out: Path) -> None:
 
 
 def main():
-    from common.cli import cli
+    from duality.common.cli import cli
     cli(run, "eval")
 
 

@@ -21,16 +21,16 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from common.cli import cli
-from model import build_model
-from trainer import objective as objectives
-from trainer.checkpoint import Checkpointer, RunLock, find_resume, load_weights
-from trainer.config import check_config
-from trainer.guard import NonFiniteGuard
-from trainer.logger import Logger, StepMeter, default_out_dir
-from trainer.optim import make_optimizer, make_schedule, train_step
-from trainer.profiling import Profiler
-from trainer.runtime import Runtime
+from duality.common.cli import cli
+from duality.model import build_model
+from duality.trainer import objective as objectives
+from duality.trainer.checkpoint import Checkpointer, RunLock, find_resume, load_weights
+from duality.trainer.config import check_config
+from duality.trainer.guard import NonFiniteGuard
+from duality.trainer.logger import Logger, StepMeter, default_out_dir
+from duality.trainer.optim import make_optimizer, make_schedule, train_step
+from duality.trainer.profiling import Profiler
+from duality.trainer.runtime import Runtime
 
 
 def run(cfg) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.io import write_atomic
+from duality.common.io import write_atomic
 
 from . import embedded, fineweb, longcrawl64, text
 from .shards import ShardError, TokenWindows, TrainBatches, pack_documents, write_shard

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 
-from common.errors import HubUnavailable, ShardError
+from duality.common.errors import HubUnavailable, ShardError
 
 from .text import _expand
 

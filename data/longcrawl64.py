@@ -3,7 +3,8 @@
 Layout under data.root, one array [documents, doc_len] of uint16 tokens per split (train, heldout), either
     <split>.zarr   the published zarr arrays (train: 6,609,334 documents, heldout: 52,131), read with `zarr`
     <split>.bin    the same tokens as one flat little-endian uint16 file, document after document, no header
-scripts/download_longcrawl64.sh fetches the zarr arrays and can flatten them (`python -m data.longcrawl64 flatten`).
+scripts/download_longcrawl64.sh fetches the zarr arrays and can flatten them
+(`python -m duality.data.longcrawl64 flatten`).
 
 Windows, as in the FoX code: document d gives doc_len // T windows of T consecutive tokens w_0..w_{T-1} (tokens past
 the last whole window are dropped); the model reads [BOS, w_0, ..., w_{T-2}] and predicts w_0..w_{T-1}, with BOS =
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.io import atomic_open
+from duality.common.io import atomic_open
 
 from .shards import EpochOrder, ShardError, TokenWindows
 from .tokenizer import Tokenizer, make_tokenizer
@@ -33,7 +34,7 @@ def _open(root: Path, split: str, doc_len: int):
             import zarr
         except ImportError:
             raise ShardError(f"{z} is a zarr array: pip install zarr, or flatten it elsewhere with "
-                             "`python -m data.longcrawl64 flatten` (data/longcrawl64.py)") from None
+                             "`python -m duality.data.longcrawl64 flatten` (data/longcrawl64.py)") from None
         arr = zarr.open(str(z), mode="r")
     elif flat.exists():
         size = flat.stat().st_size
@@ -106,5 +107,5 @@ def flatten(root: str, doc_len: int = 65536, rows: int = 256) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[1] != "flatten":
-        sys.exit("usage: python -m data.longcrawl64 flatten <root with train.zarr and heldout.zarr>")
+        sys.exit("usage: python -m duality.data.longcrawl64 flatten <root with train.zarr and heldout.zarr>")
     flatten(sys.argv[2])

@@ -8,14 +8,9 @@ Same Hydra config as train.py, so `train.py data=fineweb <same data.* overrides>
 Interrupt it at any time: the next run continues from the last complete shard (data/__init__.py).
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def run(cfg):
-    import data
+    from duality import data
     info = data.prepare(cfg.data, progress=cfg.train.progress)
     print(f"{cfg.data.name}: {info.n_train_tokens:,} train / {info.n_val_tokens:,} val tokens, vocabulary "
           f"{info.tokenizer.vocab_size}, in {info.dir}")
@@ -23,6 +18,6 @@ def run(cfg):
 
 
 if __name__ == "__main__":
-    import model  # noqa: F401  (registers the backbone / pe schemas that the config composes)
-    from common.cli import cli
+    from duality import model  # noqa: F401  (registers the backbone / pe schemas that the config composes)
+    from duality.common.cli import cli
     cli(run, "config")

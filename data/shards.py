@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.errors import ShardError
-from common.io import atomic_open
+from duality.common.errors import ShardError
+from duality.common.io import atomic_open
 
 MAGIC = b"DUALTOK\0"
 VERSION = 1

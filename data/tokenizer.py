@@ -57,12 +57,37 @@ class Tokenizer:
             return " ".join(self.names[i] if i < len(self.names) else f"<{i}>" for i in ids)
         return self._tok.decode(ids)
 
+    def to_hf(self):
+        """The same tokenizer as a Hugging Face `tokenizers.Tokenizer` (equal ids and text), for the transformers export
+        (hf.py): byte -> byte-level BPE without merges (byte b is id b), symbols -> a word-level vocabulary."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
+        if self.kind == "byte":
+            tok = HFTokenizer(models.BPE(vocab={c: b for b, c in _byte_chars().items()}, merges=[]))
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+            tok.decoder = decoders.ByteLevel()
+            tok.add_special_tokens([EOT])  # id 256
+            return tok
+        if self.kind == "symbols":
+            tok = HFTokenizer(models.WordLevel(vocab=dict(self._ids), unk_token=None))
+            tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+            return tok
+        return HFTokenizer.from_str(self.spec)
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "spec": self.spec}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Tokenizer":
         return cls(d["kind"], d.get("spec"))
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies are written in: printable bytes
+    stand for themselves, the others for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return {b: chr(b if b in printable else next(extra)) for b in range(256)}
 
 
 def train_bpe(texts, vocab_size: int) -> Tokenizer:
@@ -73,17 +98,21 @@ def train_bpe(texts, vocab_size: int) -> Tokenizer:
 
 
 def load_pretrained(name: str) -> Tokenizer:
-    """A local tokenizer.json path, or a hub name (needs the network once, then the hub cache)."""
+    """A local tokenizer.json path or a folder holding one (a transformers export, a hub snapshot), or a hub name
+    (needs the network once, then the hub cache)."""
     if Path(name).is_file():
         return Tokenizer("hf", Path(name).read_text())
+    if (Path(name) / "tokenizer.json").is_file():
+        return Tokenizer("hf", (Path(name) / "tokenizer.json").read_text())
     from tokenizers import Tokenizer as HFTokenizer
     try:
         tok = HFTokenizer.from_pretrained(name)
     except Exception as e:  # the hub client raises many kinds of errors when offline
-        from common.errors import HubUnavailable
+        from duality.common.errors import HubUnavailable
         raise HubUnavailable(
             f"could not load tokenizer {name!r} from the Hugging Face hub ({type(e).__name__}: {e}). Offline? "
-            "Pass a local tokenizer.json path, or data.tokenizer=bpe to train one here, or data.tokenizer=byte."
+            "Pass a local tokenizer.json path or a folder holding one, or data.tokenizer=bpe to train one here, "
+            "or data.tokenizer=byte."
         ) from None
     return Tokenizer("hf", tok.to_str())
 

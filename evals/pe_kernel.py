@@ -20,9 +20,8 @@ import math
 
 import torch
 
-from kernels.attention import log_weight_bias
-
-from common.plots import save_figure
+from duality.common.plots import save_figure
+from duality.kernels.attention import log_weight_bias
 
 
 @torch.no_grad()

@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import Cache, ConfigError
-
-from common.plots import save_figure
+from duality.common.plots import save_figure
+from duality.model import Cache, ConfigError
 
 MAX_LENGTH = 65536
 
@@ -56,7 +55,7 @@ def choose_length(model, n_val_tokens: int, length: int | None) -> int:
 @torch.no_grad()
 def position_loss(model, tok, data_cfg, length: int | None, max_windows: int, micro_batch: int, chunk: int | None,
                   device, autocast) -> dict:
-    import data as data_lib
+    from duality import data as data_lib
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
     length = choose_length(model, info.n_val_tokens, length)
     windows = info.windows("val", length, shuffle=False)

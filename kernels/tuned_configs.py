@@ -30,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-from common.io import write_atomic
+from duality.common.io import write_atomic
 
 CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
 ENV = "DUALITY_KERNEL_CONFIGS"

@@ -6,7 +6,7 @@ choices: an unknown backbone or scheme, a scheme the backbone cannot use, an unk
 
 from __future__ import annotations
 
-from common.errors import ConfigError
+from duality.common.errors import ConfigError
 
 from .core.context import Dims
 from .core.options import defaults, register_schemas

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from kernels.documents import per_document
-from kernels.linear_ce import linear_cross_entropy
+from duality.kernels.documents import per_document
+from duality.kernels.linear_ce import linear_cross_entropy
 
 from .core.context import TRAINING, Context, LayerState
 from .core.layers import residual_linear

@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import kernels.attention as ka  # noqa: E402
-from model.pe.alibi import alibi_slopes  # noqa: E402
+import duality.kernels.attention as ka  # noqa: E402
+from duality.model.pe.alibi import alibi_slopes  # noqa: E402
 
 
 def make_inputs(B, T, H, D, seed=0):

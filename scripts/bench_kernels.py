@@ -29,11 +29,10 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import kernels.attention as ka  # noqa: E402
-from kernels.linear_ce import linear_cross_entropy  # noqa: E402
-from kernels.path_attention import path_attention  # noqa: E402
-from kernels.recurrences import delta_rule, gated, oja  # noqa: E402
+import duality.kernels.attention as ka  # noqa: E402
+from duality.kernels.linear_ce import linear_cross_entropy  # noqa: E402
+from duality.kernels.path_attention import path_attention  # noqa: E402
+from duality.kernels.recurrences import delta_rule, gated, oja  # noqa: E402
 
 H, D = 16, 64
 
@@ -72,7 +71,7 @@ def sequence_cases(B, T):
 
 
 def conv_cases(B, T, C=1024):
-    from model.core.layers import ShortConv
+    from duality.model.core.layers import ShortConv
     conv = ShortConv(C).cuda()
     ours = lambda x: conv(x)  # noqa: E731
     cudnn = torch.compile(lambda x: F.silu(F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), conv.weight.to(x.dtype),

@@ -1,73 +1,95 @@
-"""Throughput of the lm-eval adapter's batched scoring: loglikelihood requests per second at several batch sizes.
+"""Throughput of lm-eval scoring through the harness's own HFLM on this repo's transformers model (hf.py):
+loglikelihood requests per second at several batch sizes, and generate_until requests per second.
 
 The requests are the harness's own for evals/local_tasks/pydoc_mc (each example = 4 (context, choice) requests),
-scored by DualityLM.loglikelihood exactly as simple_evaluate would call it; generation is timed on pydoc_complete.
+scored by HFLM.loglikelihood exactly as simple_evaluate would call it; generation is timed on pydoc_complete
+(at most 16 new tokens, stopping at "."). Needs lm-eval and accelerate, not the datasets stack.
 
     python scripts/bench_lm_eval.py CKPT [CKPT ...] [--batch-sizes 1 16 64]
     python scripts/bench_lm_eval.py --fresh transformer/rope gla/nope --size 124m   # models at init, byte tokens
-    ... --cudnn      # let SDPA use cuDNN, which builds a plan per new shape (the adapter turns it off)
 """
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
-class Req:
-    def __init__(self, *args):
-        self.args = args
+def fresh(specs, size: str, device):
+    """'backbone/pe' -> (label, DualityForCausalLM at init of conf/model/<size>.yaml, byte tokenizer)."""
+    from omegaconf import OmegaConf
+
+    from duality.data import Tokenizer
+    from duality.eval import compose_config
+    from duality.hf import DualityConfig, DualityForCausalLM, hf_tokenizer
+    tok = Tokenizer("byte")
+    for spec in specs:
+        b, p = spec.split("/")
+        cfg = compose_config([f"backbone={b}", f"pe={p}", f"model={size}"])
+        c = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in ("backbone", "pe", "model")}
+        torch.manual_seed(0)
+        config = DualityConfig(**c, vocab_size=tok.vocab_size, eos_token_id=tok.eot_id, pad_token_id=tok.eot_id,
+                               bos_token_id=tok.eot_id)
+        yield f"{b} + {p}", DualityForCausalLM(config).to(device).eval(), hf_tokenizer(tok)
 
 
 def main():
-    from trainer.checkpoint import load_model
-    from evals.harness import DualityLM
+    from lm_eval.api.instance import Instance
+
+    from duality.evals.harness import hflm
+    from duality.hf import DualityForCausalLM
     ap = argparse.ArgumentParser()
     ap.add_argument("ckpts", nargs="*")
     ap.add_argument("--fresh", nargs="*", default=[], help="backbone/pe models at init instead of checkpoints")
     ap.add_argument("--size", default="124m")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--via-folder", action="store_true",
+                    help="save each model as a transformers folder and let HFLM load it by path, as `lm_eval "
+                         "--model hf --model_args pretrained=DIR` does")
     args = ap.parse_args()
-    if args.cudnn:
-        import contextlib
-
-        import evals.harness
-        import model.gpt
-        evals.harness.varying_shapes = model.gpt.varying_shapes = contextlib.nullcontext
     docs = [json.loads(line) for line in open(ROOT / "evals/local_tasks/pydoc_mc.jsonl")]
-    reqs = [Req(d["context"], c) for d in docs for c in d["choices"]]
+    reqs = [Instance("loglikelihood", d, (d["context"], c), 0) for d in docs for c in d["choices"]]
     gen_docs = [json.loads(line) for line in open(ROOT / "evals/local_tasks/pydoc_complete.jsonl")]
-    gens = [Req(d["context"], {"until": ["."], "max_gen_toks": 16}) for d in gen_docs]
+    gens = [Instance("generate_until", d, (d["context"], {"until": ["."], "max_gen_toks": 16}), 0) for d in gen_docs]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; {len(docs)} examples = "
-          f"{len(reqs)} loglikelihood requests; {len(gens)} generate_until requests (16 new tokens at most)")
-    print(f"SDPA cuDNN backend: {'allowed' if args.cudnn else 'off'}")
+          f"{len(reqs)} loglikelihood requests; {len(gens)} generate_until requests (16 new tokens at most); "
+          "the harness's HFLM")
     print("| model | batch | loglikelihood requests/s | examples/s | generate_until requests/s |")
     print("|---|---|---|---|---|")
-    from data import Tokenizer
-    from eval import fresh_models
-    models = [(f"{c['config']['backbone']['name']} + {c['config']['pe']['name']}", m, tok)
-              for m, tok, c in (load_model(ck, device) for ck in args.ckpts)]
-    models += [(n, m, Tokenizer("byte")) for n, m in fresh_models(args.fresh, device, args.size, vocab=257)]
-    for name, model, tok in models:
+    models = [(None, *DualityForCausalLM.from_checkpoint(ck, device)) for ck in args.ckpts]
+    models = [(f"{m.config.backbone['name']} + {m.config.pe['name']}", m, t) for _, m, t in models]
+    models += list(fresh(args.fresh, args.size, device))
+    for name, model, tokenizer in models:
+        folder = None
+        if args.via_folder:
+            import tempfile
+            folder = tempfile.mkdtemp()
+            t = time.perf_counter()
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            print(f"{name}: saved to {folder} in {time.perf_counter() - t:.1f} s", flush=True)
         for bs in args.batch_sizes:
-            lm = DualityLM(model, tok, batch_size=bs, device=device, progress=False)
-            lm.loglikelihood(reqs[:4 * bs])  # warm-up (kernels, autotuning)
+            if folder is None:
+                lm = hflm(model, tokenizer, batch_size=bs)
+            else:
+                from lm_eval.models.huggingface import HFLM
+                t = time.perf_counter()
+                lm = HFLM(pretrained=folder, batch_size=bs, device=str(device))
+                print(f"{name}: HFLM(pretrained=folder) built in {time.perf_counter() - t:.1f} s", flush=True)
+            lm.loglikelihood(reqs[:4 * bs], disable_tqdm=True)  # warm-up (kernels, autotuning)
             sync()
             t = time.perf_counter()
-            lm.loglikelihood(reqs)
+            lm.loglikelihood(reqs, disable_tqdm=True)
             sync()
             ll = len(reqs) / (time.perf_counter() - t)
             t = time.perf_counter()
-            lm.generate_until(gens)
+            lm.generate_until(gens, disable_tqdm=True)
             sync()
             g = len(gens) / (time.perf_counter() - t)
             print(f"| {name} | {bs} | {ll:,.0f} | {ll / 4:,.0f} | {g:,.1f} |", flush=True)

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.rotary import cumulative_rotation, cumulative_rotation_reference  # noqa: E402
+from duality.kernels.rotary import cumulative_rotation, cumulative_rotation_reference  # noqa: E402
 
 
 def bench(fn, **kw):

@@ -42,11 +42,10 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from common.io import write_atomic  # noqa: E402
-from model import build_model  # noqa: E402
-from trainer.logger import peak_flops  # noqa: E402
-from trainer.optim import make_optimizer, train_step  # noqa: E402
+from duality.common.io import write_atomic  # noqa: E402
+from duality.model import build_model  # noqa: E402
+from duality.trainer.logger import peak_flops  # noqa: E402
+from duality.trainer.optim import make_optimizer, train_step  # noqa: E402
 
 # size: (model config, tokens per micro-batch = B x T, vocabulary: GPT-2's padded / seed 004's 32k)
 SETTINGS = {"124m": ("124m", 32 * 1024, 50304), "370m": ("370m", 8 * 4096, 32000)}

@@ -17,15 +17,14 @@ import argparse
 import csv
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from data.tasks import draw_curves  # noqa: E402
+from duality.data.tasks import draw_curves  # noqa: E402
+
 IGNORED = {"cache_dir"}
 
 

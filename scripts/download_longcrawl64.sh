@@ -19,5 +19,5 @@ else
 fi
 ls "$dir"
 if [[ ${2:-} == --flat ]]; then
-  python -m data.longcrawl64 flatten "$dir"
+  python -m duality.data.longcrawl64 flatten "$dir"
 fi

@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def child(case: str, size: str, seq: int, compiled: bool):
     import torch
-
-    import kernels.tuned_configs as tc
     from bench_train import measure
+
+    import duality.kernels.tuned_configs as tc
     row = measure(case, size, seq, compiled, steps=2, warmup=1)
     row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"], seeded_keys=tc.counts["seeded_keys"],
                device=torch.cuda.get_device_name())
@@ -43,7 +43,7 @@ def child(case: str, size: str, seq: int, compiled: bool):
 def main():
     from bench_train import CASES
 
-    from common.io import write_atomic
+    from duality.common.io import write_atomic
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--setting", default="370m:4096", help="size:context")

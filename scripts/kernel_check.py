@@ -15,19 +15,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels.attention import decayed_attention  # noqa: E402
-from kernels.path_attention import path_attention, path_attention_reference  # noqa: E402
-from kernels.recurrences import (delta_rule, delta_rule_recurrent, gated, gated_chunked, oja,  # noqa: E402
-                                 oja_recurrent)
-from model.pe.alibi import alibi_slopes  # noqa: E402
+from duality.kernels.attention import decayed_attention  # noqa: E402
+from duality.kernels.path_attention import path_attention, path_attention_reference  # noqa: E402
+from duality.kernels.recurrences import delta_rule, delta_rule_recurrent, gated, gated_chunked, oja, oja_recurrent  # noqa: E402
+from duality.model.pe.alibi import alibi_slopes  # noqa: E402
 
 
 def _inputs(name, B, T, H, D, device):

@@ -15,7 +15,7 @@ import random
 import re
 from pathlib import Path
 
-from data.embedded import documents
+from duality.data.embedded import documents
 
 OUT = Path(__file__).resolve().parents[1] / "evals" / "local_tasks"
 

@@ -22,7 +22,7 @@ run() {  # name nproc overrides...
   echo "rc=$?"; grep -E "train:|step +[0-9]+0 \||error" "$out/$name.log" | tail -3
   cp /tmp/mg/$name/metrics.jsonl "$out/$name.metrics.jsonl" 2>/dev/null
 }
-python3 -c "import data; from omegaconf import OmegaConf; data.prepare(OmegaConf.create({'name': 'embedded', 'tokenizer': 'bpe', 'vocab_size': 4096, 'cache_dir': '/tmp/mg/cache'}), progress=False)"
+python3 -c "from duality import data; from omegaconf import OmegaConf; data.prepare(OmegaConf.create({'name': 'embedded', 'tokenizer': 'bpe', 'vocab_size': 4096, 'cache_dir': '/tmp/mg/cache'}), progress=False)"
 if [[ $mode == curves || $mode == all ]]; then
   c="train.steps=200 train.global_batch_tokens=65536 train.log_interval=10 train.ckpt_interval=100"
   run gpu1 1 $c

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+sys.path.insert(0, str(ROOT / "scripts"))
 
 FLA_BACKBONES = ["gla", "retnet", "mamba2", "linear_attn", "deltanet", "gated_deltanet", "gated_oja", "path",
                  "path_fox"]
@@ -55,7 +55,7 @@ def workloads(only=None):
 def run_workload(name: str):
     import torch
 
-    from model import build_model
+    from duality.model import build_model
     size, bb = name.split(":")
     overrides, B, T = SIZES[size]
     from bench_train import compose
@@ -81,7 +81,7 @@ def run_workload(name: str):
 
 
 def worker(names, out: Path):
-    import kernels.tuned_configs as tc
+    import duality.kernels.tuned_configs as tc
     for name in names:
         t = time.perf_counter()
         before = tc.counts["benchmarks"]
@@ -106,7 +106,7 @@ def main():
         return
     if a.retune:
         os.environ["DUALITY_KERNEL_CONFIGS"] = "off"
-    import kernels.tuned_configs as tc
+    import duality.kernels.tuned_configs as tc
     out = a.out or tc.CONFIG_ROOT / (tc.gpu_name() or "cpu")
     if a.merge is not None:
         print(f"{merge(a.merge, out)} entries added to {out}")
@@ -130,7 +130,7 @@ def main():
 
 def merge(folders, out: Path) -> int:
     """Union of the entries of each kernel's file in `folders` into out/ (existing entries win)."""
-    from kernels.tuned_configs import write_entries
+    from duality.kernels.tuned_configs import write_entries
     added = 0
     for f in folders:
         for path in sorted(Path(f).glob("*.json")):

@@ -1,13 +1,11 @@
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 if not torch.cuda.is_available():  # the project's Triton kernels run in Triton's interpreter on a CPU (tests/test_rotary.py)
@@ -17,9 +15,10 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 def compose(overrides=(), config_name="config"):
     """The exact config train.py / eval.py would see for these command-line overrides."""
-    import model  # noqa: F401  (registers the backbone / pe schemas, as importing train.py does)
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+
+    from duality import model  # noqa: F401  (registers the backbone / pe schemas, as importing train.py does)
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=False)
 
@@ -49,7 +48,7 @@ def pytest_runtest_teardown(item):
     (scripts/tune_kernels.py --merge adds them to kernels/configs/<GPU>): how the GPU group's own shapes get shipped
     configs."""
     if torch.cuda.is_available():
-        import kernels.tuned_configs as tc
+        import duality.kernels.tuned_configs as tc
         tc.dump_requested(os.environ.get("PYTEST_XDIST_WORKER", "main"))
 
 

@@ -9,14 +9,15 @@ from conftest import ROOT
 PACKAGES = ["common", "kernels", "model", "model.core", "model.mixers", "model.pe", "data", "data.tasks", "evals",
             "trainer"]
 SCRIPTS = ["train", "eval"]
+MODULES = ["hf"]  # top-level modules that scripts may import (the transformers face)
 
 
 def node_of(module: str) -> str | None:
     """The package (or top-level script) a dotted module belongs to: its longest prefix among PACKAGES / SCRIPTS."""
-    parts = module.split(".")
+    parts = module.removeprefix("duality.").split(".")
     for i in range(len(parts), 0, -1):
         name = ".".join(parts[:i])
-        if name in PACKAGES or name in SCRIPTS:
+        if name in PACKAGES or name in SCRIPTS or name in MODULES:
             return name
     return None
 
@@ -46,10 +47,10 @@ def imports(path: Path) -> set[str]:
 
 
 def package_graph() -> dict[str, set[str]]:
-    files = [ROOT / f"{s}.py" for s in SCRIPTS]
+    files = [ROOT / f"{s}.py" for s in SCRIPTS + MODULES]
     for pkg in PACKAGES:
         files += sorted((ROOT / pkg.replace(".", "/")).glob("*.py"))
-    graph: dict[str, set[str]] = {n: set() for n in PACKAGES + SCRIPTS}
+    graph: dict[str, set[str]] = {n: set() for n in PACKAGES + SCRIPTS + MODULES}
     for f in files:
         src = node_of(module_name(f))
         for name in imports(f):
@@ -100,6 +101,33 @@ def test_no_import_cycle_between_packages():
     lower = {n: graph[n] for n in ("kernels", "model", "model.mixers", "model.pe", "data", "data.tasks")}
     assert all(not deps & {"trainer", "evals"} for deps in lower.values()), lower
     assert "evals" not in graph["trainer"]
+    assert not any("hf" in graph[n] for n in PACKAGES if n != "evals"), "only evals and the scripts use hf.py"
+
+
+def test_every_import_of_this_repo_goes_through_the_duality_package():
+    """`from model import x` would work only with the repository root on sys.path, and would load a second copy of
+    the module beside duality.model (duality/__init__.py removes the root from sys.path)."""
+    top = {p.split(".")[0] for p in PACKAGES} | set(SCRIPTS) | set(MODULES)
+    files = [f for f in ROOT.rglob("*.py") if not {".venv", "outputs"} & set(f.parts)]
+    bare = [f"{f.relative_to(ROOT)}: {name}" for f in files for name in absolute_imports(f)
+            if name.split(".")[0] in top]
+    assert bare == [], bare
+    assert absolute_imports_of_source("import kernels.rotary\nfrom model import x\nfrom . import y") == [
+        "kernels.rotary", "model"]
+
+
+def absolute_imports(path: Path) -> list[str]:
+    return absolute_imports_of_source(path.read_text())
+
+
+def absolute_imports_of_source(src: str) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.append(node.module)
+    return out
 
 
 def test_cycle_finder_finds_cycles():
@@ -122,9 +150,9 @@ def test_every_backbone_and_scheme_option_is_in_the_composed_config():
     from conftest import compose
     from hydra.errors import ConfigCompositionException
 
-    from model.core.options import defaults
-    from model.mixers import REGISTRY as MIXERS
-    from model.pe import REGISTRY as SCHEMES
+    from duality.model.core.options import defaults
+    from duality.model.mixers import REGISTRY as MIXERS
+    from duality.model.pe import REGISTRY as SCHEMES
     for group, registry in (("backbone", MIXERS), ("pe", SCHEMES)):
         for preset in sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")):
             cfg = compose([f"{group}={preset}"])[group]

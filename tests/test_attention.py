@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import INTERPRETER_CONFIG, decayed_attention, decayed_attention_reference
+from duality.kernels.attention import INTERPRETER_CONFIG, decayed_attention, decayed_attention_reference
 
 interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                             reason="needs a GPU or TRITON_INTERPRET=1")
@@ -164,7 +164,7 @@ def test_bad_arguments_are_named():
 
 def test_cumulative_log_decay_is_a_cumsum_over_time():
     """c_t = sum_{s<=t} f_s along dim 1, for [B, T, H] and [B, T, H, K] gates, in fp32 at least (float64 kept)."""
-    from kernels.attention import cumulative_log_decay
+    from duality.kernels.attention import cumulative_log_decay
     torch.manual_seed(0)
     for shape in ((2, 37, 3), (2, 37, 3, 4)):
         f = torch.nn.functional.logsigmoid(torch.randn(*shape, dtype=torch.float64))

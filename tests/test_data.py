@@ -6,11 +6,18 @@ import os
 import numpy as np
 import pytest
 
-import data as data_lib
-from data.tokenizer import Tokenizer
-from data.embedded import documents as embedded_documents
-from data.shards import HEADER_BYTES, ShardError, TokenWindows, TrainBatches, read_header, read_shard, write_shard
-from data.tokenizer import load_pretrained
+from duality import data as data_lib
+from duality.data.embedded import documents as embedded_documents
+from duality.data.shards import (
+    HEADER_BYTES,
+    ShardError,
+    TokenWindows,
+    TrainBatches,
+    read_header,
+    read_shard,
+    write_shard,
+)
+from duality.data.tokenizer import Tokenizer, load_pretrained
 
 
 @pytest.mark.parametrize("vocab,dtype", [(1000, np.uint16), (70000, np.uint32)])

@@ -5,15 +5,14 @@ import math
 import pytest
 import torch
 
-from kernels.attention import decayed_attention, decayed_attention_reference
-from kernels.rotary import cumulative_angles, rope_frequencies, rotate
-from model.core import Context, Dims
-from model.pe.alibi import ALiBi, alibi_slopes
-from model.pe.rope import RoPE
-from model.pe.sinusoidal import sinusoid_table
-from model.pe.t5 import T5Bias, t5_bucket
-from model.pe.xl import TransformerXL
-
+from duality.kernels.attention import decayed_attention, decayed_attention_reference
+from duality.kernels.rotary import cumulative_angles, rope_frequencies, rotate
+from duality.model.core import Context, Dims
+from duality.model.pe.alibi import ALiBi, alibi_slopes
+from duality.model.pe.rope import RoPE
+from duality.model.pe.sinusoidal import sinusoid_table
+from duality.model.pe.t5 import T5Bias, t5_bucket
+from duality.model.pe.xl import TransformerXL
 
 
 @pytest.fixture(autouse=True)
@@ -152,11 +151,16 @@ def test_xl_bias_matches_the_four_term_formula():
 
 
 # ------------------------------------------------------------------------------ the recurrences and their duals
-from kernels.path_attention import path_attention_reference, path_scores  # noqa: E402
-from kernels.recurrences import (delta_rule_chunked, delta_rule_recurrent, gated_chunked, gated_recurrent,  # noqa: E402
-                                 oja_recurrent)
-from model import build_model  # noqa: E402
-from model.mixers.scalar_decay import retnet_gammas  # noqa: E402
+from duality.kernels.path_attention import path_attention_reference, path_scores  # noqa: E402
+from duality.kernels.recurrences import (  # noqa: E402
+    delta_rule_chunked,
+    delta_rule_recurrent,
+    gated_chunked,
+    gated_recurrent,
+    oja_recurrent,
+)
+from duality.model import build_model  # noqa: E402
+from duality.model.mixers.scalar_decay import retnet_gammas  # noqa: E402
 
 
 @pytest.mark.parametrize("T", [1, 16, 37])

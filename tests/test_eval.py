@@ -4,15 +4,17 @@ independent computation: the model's own log-probabilities, greedy decoding by r
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import eval as eval_lib
-import train as train_lib
-from model import ConfigError, build_model
-from tests.conftest import ROOT, compose, tiny_overrides
+from duality import eval as eval_lib
+from duality import train as train_lib
+from duality.model import ConfigError, build_model
+from conftest import ROOT, compose, tiny_overrides
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # with HF_HUB_OFFLINE (conftest): the harness cannot reach the network
 LOCAL = str(ROOT / "evals" / "local_tasks")
@@ -29,16 +31,19 @@ def ckpt(tmp_path_factory, data_cache):
 
 @pytest.fixture(scope="module")
 def lm(ckpt):
-    from evals.harness import DualityLM
-    model, tok, _ = eval_lib.load_model(str(ckpt))
-    lm = DualityLM(model.double(), tok, batch_size=3, progress=False)
-    lm.ckpt_path = str(ckpt)
-    return lm
+    """The harness's own HFLM on the checkpoint as a transformers model (hf.py), in float64; beside it the trunk
+    (GPT) and the repo's tokenizer, for the oracles."""
+    from duality.evals.harness import hflm
+    from duality.hf import DualityForCausalLM
+    model, tokenizer = DualityForCausalLM.from_checkpoint(str(ckpt))
+    h = hflm(model.double(), tokenizer, batch_size=3)
+    h.gpt, h.tok = model.model, eval_lib.load_model(str(ckpt))[1]
+    return h
 
 
-class Req:  # what the harness hands a model: an object with .args
-    def __init__(self, *args):
-        self.args = args
+def requests(kind, *args_list):
+    from lm_eval.api.instance import Instance
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=0) for a in args_list]
 
 
 def direct_logprob(model, ids: list[int]) -> list[float]:
@@ -48,71 +53,112 @@ def direct_logprob(model, ids: list[int]) -> list[float]:
 
 
 def test_loglikelihood_equals_summed_token_logprobs(lm):
+    """HFLM's scores are the trunk's own log-probabilities: the context's trailing spaces move to the continuation,
+    inputs longer than max_length keep their last tokens, an empty context is end-of-text."""
     tok = lm.tok
     reqs = [("The module", " provides functions"), ("Return the", " value of x."), ("", "Hello world"),
             ("A very long context " * 30, " end")]  # the last one exceeds max_length = 64 and is cut on the left
-    got = lm.loglikelihood([Req(*r) for r in reqs])
+    assert lm.max_length == 64
+    got = lm.loglikelihood(requests("loglikelihood", *reqs), disable_tqdm=True)
     for (ctx, cont), (ll, greedy) in zip(reqs, got):
         ctx_ids = tok.encode(ctx.rstrip(" ")) if ctx else [tok.eot_id]  # trailing spaces go to the continuation
         whole = tok.encode(ctx + cont) if ctx else ctx_ids + tok.encode(cont)
         ids = whole[-(lm.max_length + 1):]
         n_cont = len(whole) - len(ctx_ids)
-        lp = direct_logprob(lm.model, ids)[-n_cont:]
+        lp = direct_logprob(lm.gpt, ids)[-n_cont:]
         assert ll == pytest.approx(sum(lp), rel=1e-9, abs=1e-9)
         assert isinstance(greedy, bool)
-    # the harness's own construction path: `lm_eval --model duality --model_args ckpt=...`
-    from evals.harness import DualityLM
-    built = DualityLM.create_from_arg_string(f"ckpt={lm.ckpt_path},batch_size=5,max_length=32")
-    assert (built.batch_size, built.max_length, built.tok.vocab_size) == (5, 32, tok.vocab_size)
     # a continuation that is the model's own greedy choice is reported as greedy
-    ids = tok.encode("The module")
-    nxt = lm.model(torch.tensor([ids]))[0][0, -1].argmax().item()
-    assert lm.score([(ids, [nxt])])[0][1] is True
+    nxt = lm.gpt(torch.tensor([tok.encode("The module")]))[0][0, -1].argmax().item()
+    (_, greedy), = lm.loglikelihood(requests("loglikelihood", ("The module", tok.decode([nxt]))), disable_tqdm=True)
+    assert greedy is (tok.encode("The module" + tok.decode([nxt])) == tok.encode("The module") + [nxt])
 
 
 def test_rolling_loglikelihood_scores_every_token_once(lm):
     text = "Return a new list containing all items from the iterable in ascending order. " * 4
     ids = lm.tok.encode(text)
     assert len(ids) > lm.max_length  # several windows
-    (ll,) = lm.loglikelihood_rolling([Req(text)])
+    (ll,) = lm.loglikelihood_rolling(requests("loglikelihood_rolling", (text,)), disable_tqdm=True)
     # oracle, the harness's rule: blocks of L predictions, each from the block's own tokens ([eot] first), except the
     # last block, which gets a full window of L tokens of context
     L, N, seq = lm.max_length, len(ids), [lm.tok.eot_id] + ids
     expect = 0.0
     for i in range(N):  # predict seq[i + 1] = ids[i]
         start = L * (i // L) if L * (i // L) + L < N else max(0, N - L)
-        logits, _ = lm.model(torch.tensor([seq[start:i + 1]]))
+        logits, _ = lm.gpt(torch.tensor([seq[start:i + 1]]))
         expect += F.log_softmax(logits[0, -1].double(), -1)[seq[i + 1]].item()
     assert ll == pytest.approx(expect, rel=1e-9)
 
 
 def test_generate_until_through_the_cache_equals_repeated_full_forwards(lm):
-    prompts = ["The function", "Return the", "The module"]  # two share a token length: they are batched
-    out = lm.generate_until([Req(p, {"until": ["\n\n"], "max_gen_toks": 12}) for p in prompts])
+    """HFLM batches prompts of several lengths, left-padded; each row decodes as its prompt alone would."""
+    prompts = ["The function", "Return the", "The module x"]
+    out = lm.generate_until(requests("generate_until", *[(p, {"until": ["\n\n"], "max_gen_toks": 12})
+                                                          for p in prompts]), disable_tqdm=True)
     for p, text in zip(prompts, out):
         seq = lm.tok.encode(p)
         for _ in range(12):  # greedy by full forwards, no cache
-            seq.append(lm.model(torch.tensor([seq]))[0][0, -1].argmax().item())
+            seq.append(lm.gpt(torch.tensor([seq]))[0][0, -1].argmax().item())
         new = seq[len(lm.tok.encode(p)):]
         if lm.tok.eot_id in new:
             new = new[:new.index(lm.tok.eot_id)]
         assert text == lm.tok.decode(new).split("\n\n")[0]
     # a stop string cuts the text there: stop at a piece of what the model writes without one
-    full = lm.generate_until([Req(prompts[0], {"until": [], "max_gen_toks": 12})])[0]
+    full, = lm.generate_until(requests("generate_until", (prompts[0], {"until": [], "max_gen_toks": 12})),
+                              disable_tqdm=True)
     assert len(full) >= 4, full
     stop = full[len(full) // 2:len(full) // 2 + 2]
-    cut = lm.generate_until([Req(prompts[0], {"until": [stop], "max_gen_toks": 12})])[0]
+    cut, = lm.generate_until(requests("generate_until", (prompts[0], {"until": [stop], "max_gen_toks": 12})),
+                             disable_tqdm=True)
     assert cut == full[:full.index(stop)]
+
+
+@pytest.mark.slow
+def test_export_loads_with_the_auto_classes_and_scores_through_the_harness_cli(ckpt, tmp_path, monkeypatch):
+    """eval.py mode=export writes a folder that AutoModelForCausalLM / AutoTokenizer load (same logits, same ids as
+    the checkpoint), and `python -m duality.evals.harness --model hf` scores it as eval.py mode=lm_eval scores the
+    checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    monkeypatch.chdir(ROOT)  # the task YAMLs name their JSONL files relative to the repo root
+    out = tmp_path / "export"
+    eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={out}"], "eval"))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+    gpt, tok, _ = eval_lib.load_model(str(ckpt))
+    model, auto_tok = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    text = "Return the value of x."
+    ids = auto_tok(text, return_tensors="pt")["input_ids"]
+    assert ids[0].tolist() == tok.encode(text)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, gpt(ids)[0], rtol=0, atol=0)
+    # exporting again replaces the folder; a folder that is not an export is refused
+    eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={out}", "export_dtype=bfloat16"], "eval"))
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match="not an earlier export"):
+        eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={ROOT / 'conf'}"], "eval"))
+    eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={out}"], "eval"))  # float32 again
+    # max_length past the 64-token training context: HFLM refuses a continuation longer than max_length
+    res = eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", f"lm_eval.include_path={LOCAL}", "device=cpu",
+                                "lm_eval.tasks=[pydoc_mc]", "lm_eval.limit=16", "lm_eval.max_length=256"], "eval"))
+    r = subprocess.run([sys.executable, "-m", "duality.evals.harness", "--model", "hf", "--model_args",
+                        f"pretrained={out},max_length=256", "--tasks", "pydoc_mc", "--include_path", LOCAL,
+                        "--limit", "16", "--device", "cpu", "--batch_size", "4", "--output_path", str(tmp_path / "cli")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cli = json.loads(next((tmp_path / "cli").rglob("results_*.json")).read_text())["results"]["pydoc_mc"]
+    own = res["results"][str(ckpt)]["pydoc_mc"]
+    assert cli["acc,none"] == own["acc,none"] and cli["acc_norm,none"] == own["acc_norm,none"]
 
 
 @pytest.mark.slow
 def test_lm_eval_simple_evaluate_on_local_tasks_offline(ckpt, monkeypatch):
     """A multiple-choice, a rolling-loglikelihood and a generate_until task, from local JSONL, through eval.py
-    (lm_eval.simple_evaluate underneath) with the hub unreachable."""
+    (HFLM and lm_eval.simple_evaluate underneath) with the hub unreachable."""
     monkeypatch.chdir(ROOT)  # the task YAMLs name their JSONL files relative to the repo root
     res = eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", f"lm_eval.include_path={LOCAL}",
                                 "lm_eval.tasks=[pydoc_mc,pydoc_ppl,pydoc_complete]", "lm_eval.limit=24",
-                                "device=cpu"], "eval"))
+                                "lm_eval.max_length=256", "device=cpu"], "eval"))
     r = res["results"][str(ckpt)]
     assert 0 <= r["pydoc_mc"]["acc,none"] <= 1 and 0 <= r["pydoc_complete"]["exact_match,none"] <= 1
     assert 1 < r["pydoc_ppl"]["word_perplexity,none"] < float("inf")
@@ -121,20 +167,23 @@ def test_lm_eval_simple_evaluate_on_local_tasks_offline(ckpt, monkeypatch):
     table = (ckpt / "eval_lm_eval.md").read_text()
     assert table.startswith("| model | pydoc_mc acc | pydoc_mc acc_norm |") and "transformer + rope" in table
     assert json.loads((ckpt / "eval_lm_eval.json").read_text())["tasks"] == ["pydoc_mc", "pydoc_ppl", "pydoc_complete"]
-    # the table's accuracy is the mean over examples of "the true choice has the highest log-likelihood"
-    from evals.harness import DualityLM
-    model, tok, _ = eval_lib.load_model(str(ckpt))
-    h = DualityLM(model, tok, progress=False)
+    # the table's accuracy is the mean over examples of "the true choice has the highest log-likelihood", with
+    # log-likelihoods from the trunk's own forward
+    gpt, tok, _ = eval_lib.load_model(str(ckpt))
     docs = [json.loads(line) for line in open(ROOT / "evals/local_tasks/pydoc_mc.jsonl")][:24]
     correct = 0
     for d in docs:
-        lls = [ll for ll, _ in h.loglikelihood([Req(d["context"], c) for c in d["choices"]])]
+        ctx = tok.encode(d["context"].rstrip(" "))
+        lls = []
+        for c in d["choices"]:
+            whole = tok.encode(d["context"] + c)
+            lls.append(sum(direct_logprob(gpt, whole)[len(ctx) - 1:]))
         correct += max(range(4), key=lambda i: lls[i]) == d["label"]
     assert r["pydoc_mc"]["acc,none"] == pytest.approx(correct / len(docs))
 
 
 def test_lm_eval_errors_name_the_problem(ckpt, tmp_path, monkeypatch):
-    from evals.harness import load_tasks
+    from duality.evals.harness import load_tasks
     monkeypatch.chdir(ROOT)
     # a task whose dataset lives on the hub, with the network off
     (tmp_path / "hub_task.yaml").write_text(
@@ -148,7 +197,7 @@ def test_lm_eval_errors_name_the_problem(ckpt, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_unknown_lm_eval_task_lists_close_matches():
-    from evals.harness import load_tasks
+    from duality.evals.harness import load_tasks
     with pytest.raises(ConfigError, match=r"unknown lm_eval task\(s\) \['hellaswagg'\].*'hellaswag'"):
         load_tasks(["hellaswagg"])
 
@@ -164,7 +213,7 @@ def test_position_loss_json_and_png(ckpt, tmp_path):
     assert saved["curves"] == json.loads(json.dumps(res["curves"]))
     assert (tmp_path / "pl.png").read_bytes()[:8] == PNG
     # the curve is the per-position loss: check it against one unchunked forward over the same windows
-    import data as data_lib
+    from duality import data as data_lib
     model, tok, ck = eval_lib.load_model(str(ckpt))
     info = data_lib.prepare(ck["config"]["data"], progress=False, tokenizer=tok)
     x, y = data_lib.TokenWindows(info.val_shards, 256, tok.vocab_size, shuffle=False).batch(range(3))
@@ -197,9 +246,9 @@ def test_perplexity_of_several_checkpoints_plots_loss_vs_training_context(ckpt, 
 def test_kernel_pictures_show_the_duality(tmp_path):
     """ALiBi's log-weight is -m_h n exactly; RetNet's is n log gamma_h; RoPE's rotation factor is mean_i cos(n theta_i);
     NoPE is flat; fresh and trained models draw one PNG."""
-    from kernels.rotary import rope_frequencies
-    from model.mixers.scalar_decay import retnet_gammas
-    from model.pe.alibi import alibi_slopes
+    from duality.kernels.rotary import rope_frequencies
+    from duality.model.mixers.scalar_decay import retnet_gammas
+    from duality.model.pe.alibi import alibi_slopes
     res = eval_lib.run(compose(["mode=kernel", "kernel.fresh=[transformer/alibi,retnet/nope,transformer/rope,"
                                 "transformer/nope,fox/nope,gla/selective_rope]", "kernel.length=40",
                                 f"out={tmp_path}/k.json", "wandb=true"], "eval"))
@@ -225,8 +274,8 @@ def test_kernel_pictures_show_the_duality(tmp_path):
 
 
 def test_every_backbone_has_a_kernel_picture():
-    from model.mixers import REGISTRY
-    from evals.pe_kernel import relative_kernel
+    from duality.evals.pe_kernel import relative_kernel
+    from duality.model.mixers import REGISTRY
     for name in sorted(REGISTRY):
         m = build_model({"name": name}, {"name": "nope"}, {"n_layer": 1, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64)
         k = relative_kernel(m.eval(), torch.randint(0, 64, (2, 16)))

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -20,7 +19,7 @@ SMALL = {"name": "t", "n_layer": 2, "d_model": 256, "n_heads": 4, "seq_len": 256
 
 
 def _model(backbone, pe=None, **size):
-    from model import build_model
+    from duality.model import build_model
     torch.manual_seed(0)
     pe = pe or ("nope" if backbone.startswith("path") else "rope")
     return build_model({"name": backbone}, {"name": pe}, {**SMALL, **size}, 512).cuda()
@@ -78,7 +77,7 @@ def test_backbone_compiled_eager_training_and_decoding(backbone):
     assert _rel(grads["compiled"], grads["eager"]) < 5e-2, _rel(grads["compiled"], grads["eager"])
     assert losses["compiled"][-1] < 0.5 * losses["compiled"][0], losses["compiled"]
 
-    from model import Cache
+    from duality.model import Cache
     m = compiled_model.eval()
     idx = torch.randint(0, 512, (2, 24), device="cuda")
     with torch.no_grad():
@@ -123,8 +122,8 @@ def test_packed_documents_through_the_kernels(backbone, pe):
 def test_short_conv_kernel_matches_reference(packed):
     """ShortConv on CUDA (FLA's causal_conv1d) == its reference on the CPU (float32), output and both gradients, with
     and without document boundaries."""
-    from model.core import Context
-    from model.core.layers import ShortConv
+    from duality.model.core import Context
+    from duality.model.core.layers import ShortConv
     torch.manual_seed(0)
     conv = ShortConv(96)
     x = torch.randn(1 if packed else 3, 77, 96, requires_grad=True)
@@ -168,8 +167,9 @@ AWKWARD = [(1, None), (77, None), (200, None), (200, [0, 1, 77, 130, 200])]
 def test_decayed_attention_kernel_bf16_awkward_shapes(name, T, cu):
     """The reference runs in float64 on the same bf16-rounded inputs. At T = 1 the output is v_0 whatever q, k and
     the gate are: their gradients are exactly zero, and the kernel's must be within bf16 rounding of zero."""
-    from kernels.attention import decayed_attention, decayed_attention_reference
     from test_attention import VARIANTS, inputs
+
+    from duality.kernels.attention import decayed_attention, decayed_attention_reference
     power, gate, alibi = VARIANTS[name]
     B = 1 if cu else 2
     q, k, v, c, m = inputs(B, T, 2, 64, gate, alibi, seed=T)
@@ -196,8 +196,9 @@ def test_decayed_attention_kernel_bf16_awkward_shapes(name, T, cu):
 @pytest.mark.parametrize("T,cu", AWKWARD)
 @pytest.mark.parametrize("inc", ["full", "broadcast", "const"])
 def test_rotation_kernel_bf16_awkward_shapes(inc, T, cu):
-    from kernels.rotary import cumulative_rotation, cumulative_rotation_reference
     from test_rotary import _grads, _inputs
+
+    from duality.kernels.rotary import cumulative_rotation, cumulative_rotation_reference
     q, k, dphi, theta, _ = _inputs(1 if cu else 2, T, 3, 64, inc, False, dtype=torch.bfloat16)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     got = cumulative_rotation(q, k, dphi, theta, cu_seqlens=None if cu_t is None else cu_t.cuda(), impl="triton")
@@ -213,8 +214,8 @@ def test_shipped_configs_replace_autotuning():
     """On a GPU with kernels/configs/<GPU>/: FLA's GLA kernels (forward and backward) run without timing a single
     config; then, with their caches emptied, the forward autotunes (configs are timed) and gives the same output to
     bf16 accuracy. (Only the forward is re-tuned: tuning the backward's kernels too took 220 s of this group's 320.)"""
-    import kernels.tuned_configs as tc
-    from kernels.recurrences import gated
+    import duality.kernels.tuned_configs as tc
+    from duality.kernels.recurrences import gated
     folder = tc.config_dir()
     if folder is None:
         pytest.skip(f"no shipped configs for {tc.gpu_name()} (scripts/tune_kernels.py writes them)")

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.linear_ce as lce
-from kernels.linear_ce import linear_cross_entropy, linear_cross_entropy_reference
-from model import build_model
+import duality.kernels.linear_ce as lce
+from duality.kernels.linear_ce import linear_cross_entropy, linear_cross_entropy_reference
+from duality.model import build_model
 
 
 def _inputs(n=77, d=24, v=101, dtype=torch.float64, ignored=(3, 40, 76)):

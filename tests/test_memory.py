@@ -8,13 +8,13 @@ import pytest
 import torch
 from conftest import compose, metrics_rows, tiny_overrides
 
-import train as train_lib
-from common.errors import ConfigError, NonFinite
-from model import build_model
-from model.gpt import AC_MODES
-from model.mixers import REGISTRY as MIXERS
-from trainer.guard import first_nonfinite_output, nonfinite_gradients
-from trainer.objective import Objective
+from duality import train as train_lib
+from duality.common.errors import ConfigError, NonFinite
+from duality.model import build_model
+from duality.model.gpt import AC_MODES
+from duality.model.mixers import REGISTRY as MIXERS
+from duality.trainer.guard import first_nonfinite_output, nonfinite_gradients
+from duality.trainer.objective import Objective
 
 V, T = 53, 20
 SIZE = {"name": "t", "n_layer": 3, "d_model": 32, "n_heads": 4, "seq_len": T}

@@ -6,9 +6,9 @@ import itertools
 import pytest
 import torch
 
-from model import Cache, ConfigError, build_model, valid_schemes
-from model.mixers import REGISTRY as MIXERS
-from model.pe import REGISTRY as SCHEMES
+from duality.model import Cache, ConfigError, build_model, valid_schemes
+from duality.model.mixers import REGISTRY as MIXERS
+from duality.model.pe import REGISTRY as SCHEMES
 
 V, T = 61, 24
 SIZE = {"name": "t", "n_layer": 2, "d_model": 32, "n_heads": 4, "seq_len": T, "tie_embeddings": False}
@@ -142,7 +142,7 @@ def test_packed_documents_equal_separate_documents(backbone, pe):
 
 
 def test_pack_documents_finds_every_document_start():
-    from data import pack_documents
+    from duality.data import pack_documents
     x = torch.tensor([[5, 9, 0, 3], [0, 1, 2, 0]])  # eot = 0 begins a document (it is the next one's BOS)
     px, py, cu = pack_documents(x, x + 1, eot=0)
     assert px.tolist() == [[5, 9, 0, 3, 0, 1, 2, 0]] and py.tolist() == [[6, 10, 1, 4, 1, 2, 3, 1]]
@@ -154,8 +154,8 @@ def test_short_conv_is_a_causal_depthwise_convolution():
     pieces through its cache it gives the same; packed, each document is convolved as if alone."""
     import torch.nn.functional as F
 
-    from model.core import Context, LayerState
-    from model.core.layers import ShortConv
+    from duality.model.core import Context, LayerState
+    from duality.model.core.layers import ShortConv
     torch.manual_seed(0)
     x = torch.randn(2, 11, 6, dtype=torch.float64)
     for act in (True, False):
@@ -191,8 +191,8 @@ def test_float32_model_equals_float64_model(backbone):
 def scaled_rope():
     """A positional scheme written here, in the test, touching no mixer: RoPE with positions divided by `scale`
     (position interpolation), phi_t = (t / scale) theta. It subclasses nothing but the scheme interface."""
-    from kernels.rotary import rope_frequencies, rotate
-    from model.pe.base import PositionalScheme, register
+    from duality.kernels.rotary import rope_frequencies, rotate
+    from duality.model.pe.base import PositionalScheme, register
 
     @register("scaled_rope_test")
     class ScaledRoPE(PositionalScheme):
@@ -241,7 +241,7 @@ def test_base_conv_is_zoologys_gated_convolution():
     """BaseConv(x) == (causal depthwise conv_3(x) + c) * (x W + b) + x, written with F.conv1d (float64)."""
     import torch.nn.functional as F
 
-    from model.mixers.base_conv import BaseConv
+    from duality.model.mixers.base_conv import BaseConv
     torch.manual_seed(1)
     m = BaseConv(6, 1).double()
     with torch.no_grad():
@@ -256,8 +256,8 @@ def test_base_conv_is_zoologys_gated_convolution():
 def test_layer_mixers_build_zoologys_hybrid():
     """model.layer_mixers=[base_conv, backbone] over 4 layers: BaseConv, GLA (with the scheme), BaseConv, GLA;
     LayerNorm everywhere with norm=layer; embedding dropout only while training; bad entries named with choices."""
-    from model.mixers.base_conv import BaseConv
-    from model.mixers.gla import GLA
+    from duality.model.mixers.base_conv import BaseConv
+    from duality.model.mixers.gla import GLA
     size = {**SIZE, "n_layer": 4, "layer_mixers": ["base_conv", "backbone"], "norm": "layer", "embed_dropout": 0.5}
     m = build_model({"name": "gla"}, {"name": "rope"}, size, V)
     kinds = [type(b.mixer) for b in m.blocks]

@@ -16,12 +16,12 @@ import pytest
 import torch
 from conftest import ROOT, compose, metrics_rows, tiny_overrides
 
-import data as data_lib
-import eval as eval_lib
-import train as train_lib
-from common.errors import NonFinite
-from trainer.optim import train_step
-from model import ConfigError
+from duality import data as data_lib
+from duality import eval as eval_lib
+from duality import train as train_lib
+from duality.common.errors import NonFinite
+from duality.model import ConfigError
+from duality.trainer.optim import train_step
 
 
 def _train_cmd(out_dir, cache, *extra):
@@ -42,7 +42,8 @@ def cache(tmp_path_factory):
 
 def test_two_runs_in_one_out_dir_exactly_one_trains(tmp_path, cache):
     out = tmp_path / "run"
-    procs = [_popen(_train_cmd(out, cache, "train.steps=30", f"pe={pe}")) for pe in ("rope", "alibi")]
+    # long enough that the winner still holds the lock when the other (a slower start on a busy machine) checks it
+    procs = [_popen(_train_cmd(out, cache, "train.steps=200", f"pe={pe}")) for pe in ("rope", "alibi")]
     results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
     codes = sorted(r[0] for r in results)
     assert codes == [0, 2], results
@@ -51,10 +52,10 @@ def test_two_runs_in_one_out_dir_exactly_one_trains(tmp_path, cache):
     assert last.startswith("error: ") and "is in use by another run (pid" in last, loser[2]
     assert "Traceback" not in loser[2]
     winner_pe = ("rope", "alibi")[[r[0] for r in results].index(0)]
-    ckpt = torch.load(out / "checkpoints" / "step_0000030.pt", weights_only=False)
+    ckpt = torch.load(out / "checkpoints" / "step_0000200.pt", weights_only=False)
     assert ckpt["config"]["pe"]["name"] == winner_pe
-    assert [r["step"] for r in metrics_rows(out) if "loss" in r] == list(range(1, 31))
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000030.pt"]
+    assert [r["step"] for r in metrics_rows(out) if "loss" in r] == list(range(1, 201))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000200.pt"]
     assert not (out / "run.lock").exists()
 
 

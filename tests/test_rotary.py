@@ -10,10 +10,16 @@ import os
 import pytest
 import torch
 
-from kernels.rotary import _block_t, cumulative_rotation, cumulative_rotation_reference, rope_frequencies, rotate
-from model import Cache, ConfigError, build_model
-from model.core import Context
-from model.pe.selective_rope import temperatures
+from duality.kernels.rotary import (
+    _block_t,
+    cumulative_rotation,
+    cumulative_rotation_reference,
+    rope_frequencies,
+    rotate,
+)
+from duality.model import Cache, ConfigError, build_model
+from duality.model.core import Context
+from duality.model.pe.selective_rope import temperatures
 
 interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                             reason="needs a GPU or TRITON_INTERPRET=1")
@@ -60,8 +66,8 @@ def test_reference_gradcheck():
 def test_rope_is_constant_increments():
     """The RoPE scheme (closed form t * theta) equals the primitive with constant increments dphi = 1, both in the
     reference and in the kernel (CONST mode), at positions offset .. offset + T - 1."""
-    from model.pe import Dims
-    from model.pe.rope import RoPE
+    from duality.model.pe import Dims
+    from duality.model.pe.rope import RoPE
     torch.manual_seed(2)
     q, k = torch.randn(2, 9, 3, 8), torch.randn(2, 9, 3, 8)
     theta = rope_frequencies(8).float()
@@ -80,8 +86,8 @@ def test_rope_is_constant_increments():
 def test_rope_table_is_the_closed_form():
     """A built RoPE reads cos/sin of t * theta from its float64 table up to the training context and computes them
     past it; both equal rotate(x, t * theta) from float64 angles, values and gradients, on either side of the edge."""
-    from model.pe import Dims
-    from model.pe.rope import RoPE
+    from duality.model.pe import Dims
+    from duality.model.pe.rope import RoPE
 
     torch.manual_seed(3)
     pe = RoPE(Dims(24, 3, 8, 16)).double()

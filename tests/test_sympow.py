@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from kernels.attention import decayed_attention_reference
-from kernels.rotary import rope_frequencies, rotate
-from model import Cache, ConfigError, build_model
-from model.mixers.sympow import sympow_features, sympow_recurrent
+from duality.kernels.attention import decayed_attention_reference
+from duality.kernels.rotary import rope_frequencies, rotate
+from duality.model import Cache, ConfigError, build_model
+from duality.model.mixers.sympow import sympow_features, sympow_recurrent
 
 V, T = 61, 24
 SIZE = {"name": "t", "n_layer": 2, "d_model": 32, "n_heads": 4, "seq_len": T}

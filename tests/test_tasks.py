@@ -11,10 +11,9 @@ import pytest
 import torch
 from conftest import ROOT, compose
 
-from data import Tokenizer, tasks
-from data.tasks import copying, mad, mqar, state_tracking
-from model import ConfigError, build_model
-from model.gpt import GPT
+from duality.data import Tokenizer, tasks
+from duality.data.tasks import copying, mqar, state_tracking
+from duality.model import ConfigError, build_model
 
 SMALL = {"train_examples": 64, "test_examples": 16}
 
@@ -294,7 +293,7 @@ def test_symbols_tokenizer_and_heads():
 
 # -------------------------------------------------------------------------------------------- end to end
 def test_config_errors():
-    from trainer.config import check_config
+    from duality.trainer.config import check_config
     with pytest.raises(ConfigError, match="set model.seq_len=128"):
         check_config(compose(["data=parity", "model.seq_len=64"]))
     with pytest.raises(ConfigError, match="train.epochs counts passes"):
@@ -311,8 +310,8 @@ def test_easy_mqar_is_learned_and_evaluated(tmp_path):
     """A 2-layer attention model learns an easy MQAR (8 pairs of a 64-token vocabulary: chance 1/32) far above
     chance in a short CPU run; the run logs accuracy, writes task_eval.json and the plot, and eval.py re-scores
     the checkpoint at other settings."""
-    import eval as eval_lib
-    import train as train_lib
+    from duality import eval as eval_lib
+    from duality import train as train_lib
     over = ["task=mqar", "backbone=transformer", "pe=rope", f"out_dir={tmp_path}", "data.vocab_size=64",
             "data.seq_len=32", "data.num_kv_pairs=4", "data.train_examples=4000", "data.test_examples=256",
             "model.d_model=64", "train.epochs=null", "train.steps=500", "train.batch_size=64", "train.micro_batch=64",
@@ -357,7 +356,7 @@ def test_without_bos_one_layer_gla_cannot_tell_11_from_1():
     current token alone holds only v(1) in its state after "1" and after "1 1", so its per-head-normalised output
     (and so the logits) are the same for both, though their parities differ; the test set's share of (1, 1)
     prefixes is 0.237. A <bos> (whose value is also in the state) or GLA's short convolutions tell them apart."""
-    from model import build_model
+    from duality.model import build_model
     x, _ = state_tracking.generate(tasks.rng_for(0, "test"), 2000, 512, "S2")  # the default test set
     assert ((x[:, 0] == 1) & (x[:, 1] == 1)).mean() == pytest.approx(0.237)
 
@@ -381,7 +380,7 @@ def test_without_bos_one_layer_gla_cannot_tell_11_from_1():
 
 def _st_run(tmp_path, *extra):
     """A tiny parity run through train.run: 4-token sequences (no <bos>), evaluated at the same length."""
-    import train as train_lib
+    from duality import train as train_lib
     return train_lib.run(compose([
         "task=state_tracking", "backbone=gla", "pe=nope", f"out_dir={tmp_path}", "data.bos=false", "data.seq_len=4",
         "data.eval_len=4", "data.train_examples=256", "data.test_examples=64", "model.d_model=32", "model.n_heads=2",

@@ -13,12 +13,12 @@ import pytest
 import torch
 from conftest import ROOT, compose, tiny_overrides
 
-import eval as eval_lib
-import train as train_lib
-from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.config import check_config
-from trainer.optim import lr_lambda, make_optimizer
-from model import ConfigError, build_model, valid_schemes
+from duality import eval as eval_lib
+from duality import train as train_lib
+from duality.model import ConfigError, build_model, valid_schemes
+from duality.trainer.checkpoint import load_checkpoint, save_checkpoint
+from duality.trainer.config import check_config
+from duality.trainer.optim import lr_lambda, make_optimizer
 
 
 def options(group):
@@ -316,7 +316,7 @@ def test_train_on_fineweb_parquet_and_longcrawl64_layout(tmp_path, data_cache):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from data import ShardError
+    from duality.data import ShardError
     rng = np.random.default_rng(0)
     words = "the of and to in a is that for it as was with be by on not this are or from at which".split()
     pq.write_table(pa.Table.from_pylist([{"text": " ".join(rng.choice(words, 80)), "id": str(i)} for i in range(200)]),

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-import kernels.tuned_configs as tc
+import duality.kernels.tuned_configs as tc
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")

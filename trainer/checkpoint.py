@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.errors import ConfigError, NonFinite
-from common.io import atomic_open, write_atomic
+from duality.common.errors import ConfigError, NonFinite
+from duality.common.io import atomic_open, write_atomic
 
 
 def rng_state():
@@ -195,7 +195,7 @@ def load_weights(model, state: dict, path) -> None:
 def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
     from omegaconf import OmegaConf
 
-    from model import with_defaults
+    from duality.model import with_defaults
     for group in ("backbone", "pe", "model", "optim", "data"):
         now = OmegaConf.to_container(cfg[group], resolve=True)
         then = dict(ckpt_cfg[group])
@@ -227,14 +227,20 @@ def newest_checkpoint(path) -> Path:
     return found[0]
 
 
-def load_model(path, device="cpu"):
-    """The model (in eval mode), tokenizer and checkpoint dict of the newest readable checkpoint at `path` (a file,
-    a `latest` pointer, a checkpoints/ folder or a run's out_dir)."""
-    from data import Tokenizer
-    from model import build_model
+def read_checkpoint(path) -> tuple[Path, dict]:
+    """The newest readable checkpoint at `path` (a file, a `latest` pointer, a checkpoints/ folder or a run's
+    out_dir): its file and its dict."""
     ckpt_path, ckpt = resolve_checkpoint(Path(path))
     if ckpt is None:
         newest_checkpoint(path)  # raises: there is none at all
+    return ckpt_path, ckpt
+
+
+def load_model(path, device="cpu"):
+    """The model (in eval mode), tokenizer and checkpoint dict of the newest readable checkpoint at `path`."""
+    from duality.data import Tokenizer
+    from duality.model import build_model
+    ckpt_path, ckpt = read_checkpoint(path)
     cfg = ckpt["config"]
     model = build_model(cfg["backbone"], cfg["pe"], cfg["model"], ckpt["vocab_size"])
     load_weights(model, ckpt["model"], ckpt_path)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from common.errors import ConfigError
-from data.tasks import is_task
-from model import check_model_config
-from model.gpt import AC_MODES
+from duality.common.errors import ConfigError
+from duality.data.tasks import is_task
+from duality.model import check_model_config
+from duality.model.gpt import AC_MODES
 
 from .guard import MODES as NONFINITE
 from .logger import LOGGER_MODES

@@ -21,7 +21,7 @@ import re
 
 import torch
 
-from common.errors import NonFinite
+from duality.common.errors import NonFinite
 
 MODES = ("stop", "skip")
 

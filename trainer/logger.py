@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from common.io import write_atomic
+from duality.common.io import write_atomic
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 # Dense bf16 peak FLOP/s per device, for MFU. Matched by substring of torch.cuda.get_device_name().

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import data as data_lib
-from common.errors import ConfigError, ShardError
-from common.io import write_atomic
-from data import tasks
+from duality import data as data_lib
+from duality.common.errors import ConfigError, ShardError
+from duality.common.io import write_atomic
+from duality.data import tasks
 
 
 class Objective:

@@ -108,7 +108,7 @@ class Runtime:
         it holds the wrapper too."""
         self.no_sync = None
         if self.cuda:
-            import kernels.tuned_configs as tc
+            import duality.kernels.tuned_configs as tc
             tc.dump_requested(f"{os.getpid()}-rank{self.rank}")
         if self.distributed:
             dist.destroy_process_group()

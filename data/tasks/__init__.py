@@ -22,8 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.errors import ConfigError
-from common.plots import save_figure
+from duality.common.errors import ConfigError
+from duality.common.plots import save_figure
 
 from ..shards import EpochOrder
 

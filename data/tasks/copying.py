@@ -15,7 +15,7 @@ import string
 
 import numpy as np
 
-from common.errors import ConfigError
+from duality.common.errors import ConfigError
 
 from . import EvalSet, Examples, TaskData, compact, options, rng_for
 

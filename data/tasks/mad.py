@@ -25,7 +25,7 @@ import random
 
 import numpy as np
 
-from common.errors import ConfigError
+from duality.common.errors import ConfigError
 
 from . import EvalSet, Examples, TaskData, compact, options, rng_for
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.errors import ConfigError
+from duality.common.errors import ConfigError
 
 from . import EvalSet, Examples, TaskData, compact, options, rng_for
 

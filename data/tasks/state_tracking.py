@@ -23,7 +23,7 @@ import itertools
 
 import numpy as np
 
-from common.errors import ConfigError
+from duality.common.errors import ConfigError
 
 from . import EvalSet, Examples, TaskData, compact, options, rng_for
 

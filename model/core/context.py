@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.documents import document_positions
+from duality.kernels.documents import document_positions
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.documents import document_positions
+from duality.kernels.documents import document_positions
 
 from .context import TRAINING, Context
 

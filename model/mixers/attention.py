@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.attention import decayed_attention
+from duality.kernels.attention import decayed_attention
 
 from ..core.context import TRAINING
 from ..core.layers import residual_linear

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.attention import cumulative_log_decay, decayed_attention
+from duality.kernels.attention import cumulative_log_decay, decayed_attention
 
 from ..core.context import TRAINING, Context
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.recurrences import delta_rule, delta_rule_recurrent
+from duality.kernels.recurrences import delta_rule, delta_rule_recurrent
 
 from ..core.context import TRAINING
 from ..core.layers import GatedOutput, ScalarDecay, ShortConv, l2norm, up

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.recurrences import gated, gated_recurrent
+from duality.kernels.recurrences import gated, gated_recurrent
 
 from ..core.context import TRAINING
 from ..core.layers import OUTPUT_NORM_EPS, residual_linear

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.recurrences import oja, oja_recurrent
+from duality.kernels.recurrences import oja, oja_recurrent
 
 from ..core.context import TRAINING
 from ..core.layers import GatedOutput, LowRankGate, l2norm, up

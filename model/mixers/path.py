@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.path_attention import householder, path_attention
+from duality.kernels.path_attention import householder, path_attention
 
 from ..core.context import TRAINING
 from ..core.layers import ShortConv, l2norm, residual_linear, up

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.errors import ConfigError
-from kernels.attention import cumulative_log_decay
+from duality.common.errors import ConfigError
+from duality.kernels.attention import cumulative_log_decay
 
 from ..core.context import TRAINING
 from ..core.layers import residual_linear, up

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from common.errors import ConfigError
-from kernels.rotary import cumulative_rotation
+from duality.common.errors import ConfigError
+from duality.kernels.rotary import cumulative_rotation
 
 from ..core.context import TRAINING, Context, Dims
 from ..core.options import options as core_options

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from kernels.rotary import rope_frequencies
+from duality.kernels.rotary import rope_frequencies
 
 from ..core.layers import up
 from .base import AccumulatedRotation, ConfigError, register

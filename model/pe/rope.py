@@ -6,7 +6,7 @@ the complex forget gate A_t = exp(i Omega) of a linear recurrence (seed 000, sec
 
 import torch
 
-from kernels.rotary import cumulative_rotation, rope_frequencies, rotate, rotate_cos_sin
+from duality.kernels.rotary import cumulative_rotation, rope_frequencies, rotate, rotate_cos_sin
 
 from ..core.context import TRAINING
 from .base import PositionalScheme, register

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.rotary import rope_frequencies
+from duality.kernels.rotary import rope_frequencies
 
 from ..core.context import TRAINING
 from ..core.layers import ShortConv, l2norm

@@ -5,7 +5,7 @@
 so the relative position acts on what is read, not on which key is read: the softmax-side view of a value-side
 transition such as the gated Oja rule's. Scores stay position free (q.k alone)."""
 
-from kernels.rotary import rotate
+from duality.kernels.rotary import rotate
 
 from ..core.context import TRAINING
 from .base import PositionalScheme, register
