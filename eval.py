@@ -42,16 +42,10 @@ from duality.trainer.checkpoint import newest_checkpoint as resolve_ckpt
 MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel", "export")
 
 
-def labels(loaded, paths) -> list[str]:
-    """'backbone + pe (T=context)' per checkpoint; the path is added where two would read the same."""
-    names = [f"{c['backbone']['name']} + {c['pe']['name']} (T={c['model']['seq_len']})"
-             for c in (ck["config"] for _, _, ck in loaded)]
+def labels(configs, paths) -> list[str]:
+    """'backbone + pe (T=context)' per checkpoint config; the path is added where two would read the same."""
+    names = [f"{c['backbone']['name']} + {c['pe']['name']} (T={c['model']['seq_len']})" for c in configs]
     return [f"{n} {p}" if names.count(n) > 1 else n for n, p in zip(names, paths)]
-
-
-def lm_eval_labels(paths) -> list[str]:
-    from duality.trainer.checkpoint import read_checkpoint
-    return labels([(None, None, read_checkpoint(p)[1]) for p in paths], paths)
 
 
 @torch.no_grad()
@@ -188,8 +182,8 @@ def run(cfg) -> dict:
     out = Path(cfg.out) if cfg.out else (
         (resolve_ckpt(paths[0]).parent.parent if len(paths) == 1 else Path("outputs/eval")) / f"eval_{cfg.mode}.json")
     plot = Path(cfg.plot) if cfg.plot else out.with_suffix(".png")
-    loaded = [load_model(p, device) for p in paths] if cfg.mode != "lm_eval" else []
-    names = labels(loaded, paths) if loaded else lm_eval_labels(paths)
+    loaded = [load_model(p, device) for p in paths] if cfg.mode != "lm_eval" else []  # lm_eval: one at a time
+    names = labels([ck["config"] for _, _, ck in loaded], paths)
 
     if cfg.mode == "kernel":
         from duality.evals.pe_kernel import plot_kernels
@@ -197,15 +191,17 @@ def run(cfg) -> dict:
         plot_kernels(found, plot, title=f"layer {cfg.kernel.layer}: weight of a key at distance t - j")
         result = {"kernels": {n: {k: v.tolist() for k, v in ks.items()} for n, ks in found.items()}}
     elif cfg.mode == "lm_eval":
-        rows, raw = {}, {}
-        L = cfg.lm_eval
+        L, configs, scores = cfg.lm_eval, [], []
         from duality.hf import DualityForCausalLM
-        for name, path in zip(names, paths):
+        for path in paths:
             model, tokenizer = DualityForCausalLM.from_checkpoint(path, device)
             lm = harness.hflm(model, tokenizer, batch_size=L.batch_size, max_length=L.max_length)
-            res = harness.evaluate(lm, list(L.tasks), task_manager, L.num_fewshot, L.limit)
+            scores.append(harness.evaluate(lm, list(L.tasks), task_manager, L.num_fewshot, L.limit)["results"])
+            configs.append({g: getattr(model.config, g) for g in ("backbone", "pe", "model")})
             del model, lm
-            rows[name], raw[str(path)] = harness.columns(res), res["results"]
+        names = labels(configs, paths)
+        rows = {name: harness.columns({"results": r}) for name, r in zip(names, scores)}
+        raw = {str(p): r for p, r in zip(paths, scores)}
         table = harness.markdown_table(rows)
         print(table)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,6 @@ would pay.
 from __future__ import annotations
 
 import copy
-import os
-import shutil
-import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -33,6 +30,7 @@ from transformers.generation import StoppingCriteria, StoppingCriteriaList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from duality.common.errors import ConfigError
+from duality.common.io import atomic_dir
 from duality.model import build_model, with_defaults
 from duality.model.gpt import Cache, varying_shapes
 
@@ -243,15 +241,16 @@ class _InPaddedBatch(StoppingCriteria):
 def hf_tokenizer(tok):
     """The repo's tokenizer (data/tokenizer.py) as a transformers PreTrainedTokenizerFast with the same ids."""
     from transformers import PreTrainedTokenizerFast
-    eot = tok.to_hf().id_to_token(tok.eot_id)
-    return PreTrainedTokenizerFast(tokenizer_object=tok.to_hf(), eos_token=eot, bos_token=eot, pad_token=eot,
+    fast = tok.to_hf()
+    eot = fast.id_to_token(tok.eot_id)
+    return PreTrainedTokenizerFast(tokenizer_object=fast, eos_token=eot, bos_token=eot, pad_token=eot,
                                    padding_side="left", model_max_length=int(1e30), clean_up_tokenization_spaces=False)
 
 
 def export(ckpt, out, dtype: str = "float32") -> Path:
     """Write `ckpt` as a transformers model folder at `out` (config.json, model.safetensors, generation_config.json,
-    tokenizer.json, tokenizer_config.json). Atomic: written beside `out`, then moved into place; an earlier export
-    at `out` is replaced only once the new one is complete."""
+    tokenizer.json, tokenizer_config.json), whole or not at all (common/io.py's atomic_dir): an earlier export at
+    `out` is replaced only once the new one is complete."""
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"export dtype={dtype!r}; valid choices: ['float32', 'bfloat16', 'float16']")
     out = Path(out)
@@ -259,21 +258,9 @@ def export(ckpt, out, dtype: str = "float32") -> Path:
         raise ConfigError(f"out={out} exists and is not an earlier export (no config.json); choose another folder")
     model, tokenizer = DualityForCausalLM.from_checkpoint(ckpt)
     model.to(getattr(torch, dtype))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        old = out.with_name(f".{out.name}.old") if out.exists() else None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -1,10 +1,12 @@
 """One way to write a file so that a reader never sees half of it: write a temporary file beside it (named after
 this process, so two writers never share one), flush it to disk, rename it over the target. A crash at any moment
-leaves the old file or the new one. Leftover temporaries match `*.tmp.*`."""
+leaves the old file or the new one. Leftover temporaries match `*.tmp.*`. A folder (atomic_dir) the same way, its
+temporary hidden: `.<name>.tmp.<pid>`."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,3 +39,22 @@ def write_atomic(path, data: str | bytes) -> Path:
     with atomic_open(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
     return Path(path)
+
+
+@contextmanager
+def atomic_dir(path):
+    """Yield a temporary folder to write `path` through; when the block ends without an error it replaces `path` (an
+    earlier folder there is moved aside first and deleted only after), otherwise it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = (path.with_name(f".{path.name}.{kind}.{os.getpid()}") for kind in ("tmp", "old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -169,7 +169,6 @@ def test_no_top_level_name_of_this_repo_is_importable_and_transformers_kernel_lo
     probe = ("import importlib.util, json, sys, duality\n"
              "from transformers.utils.import_utils import is_kernels_available\n"
              f"found = {{n: importlib.util.find_spec(n) is not None for n in {names}}}\n"
-             "hf_kernels = importlib.util.find_spec('kernels')\n"
              "print(json.dumps({'found': found, 'kernels_available': is_kernels_available(),\n"
              "                  'repo_kernels_imported': 'kernels' in sys.modules}))\n")
     for cwd in (tmp_path, ROOT):
