@@ -34,10 +34,13 @@ from duality.common.io import atomic_dir
 from duality.model import build_model, with_defaults
 from duality.model.gpt import Cache, varying_shapes
 
+# The output field generate reads the cache back from: `cache` from transformers 5.24, `past_key_values` before.
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 class DualityConfig(PretrainedConfig):
     model_type = "duality"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
 
     def __init__(self, backbone: dict | None = None, pe: dict | None = None, model: dict | None = None,
                  vocab_size: int = 256, autocast: str | None = "bfloat16", **kwargs):
@@ -135,10 +138,14 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 past_key_values: DualityCache | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                use_cache: bool | None = None, cache: DualityCache | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
         """use_cache=True (what `generate` passes) starts or continues a DualityCache; without it nothing is kept.
         attention_mask may only mark right padding: the trunk is causal, so tokens after a row's end never change
-        its logits, while a recurrent state cannot skip tokens before it (left padding; `generate` handles it)."""
+        its logits, while a recurrent state cannot skip tokens before it (left padding; `generate` handles it).
+        The cache comes as `past_key_values` (transformers < 5.24) or `cache` (5.24 renamed it) and goes back
+        under the name the installed version reads."""
+        past_key_values = cache if past_key_values is None else past_key_values
         if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
             right_padded = bool((attention_mask.cummin(-1).values == attention_mask).all())
             if past_key_values is not None or use_cache or not right_padded:
@@ -154,7 +161,7 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:  # transformers' convention: labels are the inputs, shifted here; -100 is ignored
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: past_key_values})
 
     def _precision(self):
         dtype = getattr(torch, self.config.autocast) if self.config.autocast else None
