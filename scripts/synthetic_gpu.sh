@@ -6,7 +6,7 @@
 #   bash scripts/synthetic_gpu.sh OUT a3          # A3: 2-layer DeltaNet x {nope, rope, selective_rope_st}
 #   bash scripts/synthetic_gpu.sh OUT mqar        # MQAR, task=mqar's BaseConv + GLA x {nope, rope, selective_rope}
 #                                                 # x SETTINGS (default "64:4 128:8 256:16") x DMODELS ("64 128 256")
-#   bash scripts/synthetic_gpu.sh OUT copying     # copying, 4-layer GLA x {nope, rope, selective_rope_copy}
+#   bash scripts/synthetic_gpu.sh OUT copying     # copying (task=copying: the seed's packed data), GLA x {nope, rope, selective_rope_copy}
 # Budget: EPOCHS (default 2) of the task's training examples with the task's own schedule over them, or STEPS.
 # SEEDS (default 0), LRS (a comma list; default: the task's lr) and EXTRA (more Hydra overrides, e.g.
 # train.time_limit=400: each job checkpoints and pauses then, to go on when run again) apply to every job; ONLY (a
@@ -39,7 +39,7 @@ case $WHAT in
       done; done; done ;;
   copying)
     for p in nope rope selective_rope_copy; do
-      jobs+=("copy-gla-$p|task=copying backbone=gla pe=$p model.n_layer=4 model.d_model=512 model.n_heads=16"); done ;;
+      jobs+=("copy-gla-$p|task=copying backbone=gla backbone.expand_k=1.0 pe=$p"); done ;;
   *) echo "unknown: $WHAT"; exit 2 ;;
 esac
 mkdir -p "$OUT" "$RUNS/$WHAT"

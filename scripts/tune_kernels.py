@@ -38,8 +38,10 @@ SIZES = {
     "370m_16k": (["model=370m", "model.seq_len=16384"], 2, 16384),
     "state_tracking": (["task=state_tracking"], 256, 128),
     "mqar": (["task=mqar"], 512, 128),
-    "copying": (["task=copying"], 64, 420),
+    "copying": (["task=copying"], 256, 419),
 }
+# what the task's runs change in a backbone's shapes (the seed's GLA: a key per head of d_model / n_heads)
+BACKBONE_OVERRIDES = {"state_tracking:gla": ["backbone.expand_k=1.0"], "copying:gla": ["backbone.expand_k=1.0"]}
 
 
 def workloads(only=None):
@@ -61,7 +63,8 @@ def run_workload(name: str):
     from bench_train import compose
     pe = "nope" if bb.startswith("path") else "rope"
     # two layers: the tuning keys (heads, head sizes, chunk size, dtypes, batch) do not depend on the depth
-    cfg = compose([*overrides, f"backbone={bb}", f"pe={pe}", f"model.seq_len={T}", "model.n_layer=2"])
+    cfg = compose([*overrides, f"backbone={bb}", *BACKBONE_OVERRIDES.get(name, []), f"pe={pe}", f"model.seq_len={T}",
+                   "model.n_layer=2"])
     model_cfg = {**cfg.model, "head": "lm"}
     torch.manual_seed(0)
     m = build_model(cfg.backbone, cfg.pe, model_cfg, 512).cuda()

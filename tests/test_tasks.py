@@ -56,11 +56,12 @@ def test_mqar_power_law_gaps_and_random_fill():
 def test_tasks_are_deterministic_by_seed_and_split():
     for name in ("mqar", "copying", "parity", "mad_in_context_recall", "mad_memorization"):
         a, b, c = build(name), build(name), build(name, seed=7)
-        assert np.array_equal(a.train.inputs, b.train.inputs) and np.array_equal(a.train.targets, b.train.targets)
-        assert not np.array_equal(a.train.inputs, c.train.inputs), name
-        n = min(len(a.train.inputs), len(a.evals[0].inputs))
-        w = min(a.train.inputs.shape[1], a.evals[0].inputs.shape[1])
-        assert not np.array_equal(a.train.inputs[:n, :w], a.evals[0].inputs[:n, :w]), name  # train != test draws
+        (xa, ya), (xb, yb), (xc, _) = (t.train.batch(range(len(t.train))) for t in (a, b, c))
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert not torch.equal(xa, xc), name
+        n = min(len(xa), len(a.evals[0].inputs))
+        w = min(xa.shape[1], a.evals[0].inputs.shape[1])
+        assert not np.array_equal(xa[:n, :w].numpy(), a.evals[0].inputs[:n, :w]), name  # train != test draws
 
 
 def test_examples_order_is_a_function_of_the_sample_index():
@@ -88,9 +89,42 @@ def test_copying_targets_are_the_string_then_eos():
     t = build("copying")
     assert [e.length for e in t.evals] == list(compose(["data=copying"]).data.eval_lengths)
     assert all(e.exact and e.inputs.shape[1] == 2 * e.length + 2 for e in t.evals)
-    assert t.train.inputs.shape[1] == 130 and t.train_len == 64
+    assert t.train.batch([0])[0].shape == (1, 419) and t.train_len == 64
+    assert build("copying", packed=False, seq_len=130).train.inputs.shape[1] == 130
     with pytest.raises(ConfigError, match="seq_len must be >= 2 max_len"):
         build("copying", seq_len=100)
+
+
+def test_copying_packed_rows_are_whole_examples_back_to_back():
+    """The seed's code's training rows: <bos> s <copy> s <eos> repeated until seq_len + 1 tokens are filled, the
+    copy and <eos> of every whole example scored, nothing of the one cut off; a fresh row per sample index,
+    whatever batch it is drawn in. Checked by parsing each row back into its examples."""
+    V, T = 26, 419
+    bos, cp, eos = V, V + 1, V + 2
+    t = build("copying")
+    x, y = t.train.batch(range(300))
+    x1, y1 = t.train.batch([7, 250])
+    assert torch.equal(x1, x[[7, 250]]) and torch.equal(y1, y[[7, 250]])
+    assert len({tuple(r) for r in x.tolist()}) == 300
+    lengths, starts = [], []
+    for row_x, row_y in zip(x.tolist(), y.tolist()):
+        full = row_x + [None]  # the last target is token T, known only through row_y
+        full[T] = row_y[T - 1] if row_y[T - 1] >= 0 else None
+        expect, p = [-1] * T, 0
+        while p < T:
+            assert full[p] == bos
+            L = full[p + 1:].index(cp) if cp in full[p + 1:] else None
+            if L is None or p + 2 * L + 2 > T:  # cut off: nothing scored from here on
+                break
+            s = full[p + 1:p + 1 + L]
+            assert all(0 <= c < V for c in s) and 2 <= L <= 64
+            assert full[p + L + 2:p + 2 * L + 2] == s and (p + 2 * L + 2 == T or full[p + 2 * L + 2] == eos)
+            expect[p + L + 1:p + 2 * L + 2] = s + [eos]
+            lengths.append(L), starts.append(p + L + 1)
+            p += 2 * L + 3
+        assert row_y == expect
+    assert set(lengths) == set(range(2, 65))  # uniform in [2, 64]
+    assert max(starts) > 300  # copies start all over the context, not only at position L + 1
 
 
 # ------------------------------------------------------------------------------------------- state tracking

@@ -139,7 +139,9 @@ class Task(Objective):
 
     def describe(self):
         task = self.task
-        return (f"data: task {task.name}: {len(task.train):,} training examples of {self.seq_len} tokens; evaluation: "
+        fresh = "fresh " if isinstance(task.train, tasks.Stream) else ""  # a Stream's len() is a nominal epoch
+        return (f"data: task {task.name}: {len(task.train):,} {fresh}training examples of {self.seq_len} tokens an "
+                f"epoch; evaluation: "
                 f"{sum(len(e.inputs) for e in task.evals):,} examples, {task.unit}s up to "
                 f"{max(e.length for e in task.evals)} (trained to {task.train_len})")
 

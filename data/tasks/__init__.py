@@ -68,6 +68,22 @@ class Examples:
                 torch.from_numpy(self.targets[idx].astype(np.int64)))
 
 
+class Stream:
+    """Fresh examples, none repeated: sample g is made from an rng drawn from (seed, g) alone, so resume, DDP
+    ranks and gradient accumulation see the same data as with Examples; `make(rngs)` builds a batch's rows at
+    once. len() is the nominal epoch (`train.epochs` counts passes of it); nothing is stored."""
+
+    def __init__(self, make, n: int, seed: int = 0):
+        self.make, self.n, self.seed = make, n, seed
+
+    def __len__(self):
+        return self.n
+
+    def batch(self, sample_ids):
+        x, y = self.make([rng_for(self.seed, "train", int(g)) for g in sample_ids])
+        return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
+
+
 def compact(a: np.ndarray) -> np.ndarray:
     """The smallest signed integer type holding a (targets use -1)."""
     for t in (np.int8, np.int16, np.int32):
