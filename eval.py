@@ -83,7 +83,8 @@ def task_accuracy(model, ckpt, cfg, device, autocast, plot: Path) -> dict:
                       task.train_len, task.unit, title=f"{task.name}: {c.get('run_name', '')}")
     print(f"plot: {plot}")
     return {**result, "task": task.name, "train_len": task.train_len, "unit": task.unit, "plot": str(plot),
-            **{k: {str(p): v for p, v in result[k].items()} for k in ("curve", "curve_seq") if k in result}}
+            **{k: {str(p): v for p, v in result[k].items()}
+               for k in ("curve", "curve_seq", "curve_char") if k in result}}
 
 
 def sample(model, tok, cfg, device, autocast) -> dict:

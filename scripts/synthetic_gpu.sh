@@ -6,7 +6,9 @@
 #   bash scripts/synthetic_gpu.sh OUT a3          # A3: 2-layer DeltaNet x {nope, rope, selective_rope_st}
 #   bash scripts/synthetic_gpu.sh OUT mqar        # MQAR, task=mqar's BaseConv + GLA x {nope, rope, selective_rope}
 #                                                 # x SETTINGS (default "64:4 128:8 256:16") x DMODELS ("64 128 256")
-#   bash scripts/synthetic_gpu.sh OUT copying     # copying (task=copying: the seed's packed data), GLA x {nope, rope, selective_rope_copy}
+#   bash scripts/synthetic_gpu.sh OUT copying     # copying (task=copying: the seed's packed data), GLA x PES
+#                                                 # (default "nope rope selective_rope_copy"; a variant:
+#                                                 # selective_rope_copy+phase_gate=true+bias=true)
 # Budget: EPOCHS (default 2) of the task's training examples with the task's own schedule over them, or STEPS.
 # SEEDS (default 0), LRS (a comma list; default: the task's lr) and EXTRA (more Hydra overrides, e.g.
 # train.time_limit=400: each job checkpoints and pauses then, to go on when run again) apply to every job; ONLY (a
@@ -38,8 +40,9 @@ case $WHAT in
         jobs+=("mqar${L}x$K-d$d-gla-$p|task=mqar backbone=gla pe=$p data.seq_len=$L data.num_kv_pairs=$K model.d_model=$d")
       done; done; done ;;
   copying)
-    for p in nope rope selective_rope_copy; do
-      jobs+=("copy-gla-$p|task=copying backbone=gla backbone.expand_k=1.0 pe=$p"); done ;;
+    for p in ${PES:-nope rope selective_rope_copy}; do  # a scheme, or scheme+option=value+...: a variant
+      name=${p//+/-}; name=${name//=/}; name=${name//pe./}
+      jobs+=("copy-gla-$name|task=copying backbone=gla backbone.expand_k=1.0 pe=${p//+/ pe.}"); done ;;
   *) echo "unknown: $WHAT"; exit 2 ;;
 esac
 mkdir -p "$OUT" "$RUNS/$WHAT"

@@ -286,6 +286,11 @@ def test_evaluate_curves():
     t = build("copying", eval_lengths=[8, 100])  # exact match: one wrong token fails the whole string
     m = tasks.evaluate(_oracle(t, bad=lambda pos: pos == 150), t, 8, "cpu")
     assert m["curve"] == {8: 1.0, 100: 0.0} and m["val_acc"] == 1.0 and m["val_acc_extrap"] == 0.0
+    # the seed's character accuracy: 99 of the 100 letters right; <eos> (the target at 2L + 1) is not a letter
+    assert m["curve_char"] == {8: 1.0, 100: 0.99} and m["val_char_acc_extrap"] == 0.99 and m["val_char_acc"] == 1
+    m = tasks.evaluate(_oracle(t, bad=lambda pos: pos == 201), t, 8, "cpu")
+    assert m["curve"] == {8: 1.0, 100: 0.0} and m["curve_char"] == {8: 1.0, 100: 1.0}
+    assert tasks.summary(m, t).endswith("| acc beyond 64 0.0000 | letters 1.0000 | letters beyond 1.0000")
 
 
 def test_evaluation_batches_by_tokens_without_changing_results(monkeypatch):

@@ -134,7 +134,9 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
     Returns val_loss, val_acc (lengths <= train_len), val_acc_extrap (lengths > train_len, if any) and
     curve {length: accuracy}. Per-position sets (state tracking) also give the seed's sequence accuracy:
     curve_seq {L: share of sequences right at every position up to L}, val_seq_acc (L = train_len) and
-    val_seq_acc_extrap (L = the longest evaluated)."""
+    val_seq_acc_extrap (L = the longest evaluated). Exact sets (copying; curve: strings right) also give the
+    seed's code's character accuracy: curve_char {L: share of the copied letters right, <eos> not counted},
+    val_char_acc and val_char_acc_extrap."""
     was_training = model.training
     model.eval()
     autocast = autocast or nullcontext()
@@ -142,6 +144,7 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
                      for p in (range(1, s.inputs.shape[1] - s.first + 1) if s.per_position else [s.length])})
     col = {p: i for i, p in enumerate(points)}
     tally = torch.zeros(len(points), 3, dtype=torch.float64, device=device)  # [right, total, sequences right so far]
+    chars = torch.zeros(len(points), 2, dtype=torch.float64, device=device)  # exact sets: [letters right, letters]
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of token losses, scored tokens]
     for s in task.evals:
         ids = np.arange(len(s.inputs))[rank::world]
@@ -167,15 +170,18 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
             elif s.exact:
                 ok = (right.sum(1) == mask.sum(1)) & (mask.sum(1) > 0)
                 tally[col[s.length], :2] += torch.stack([ok.sum(), torch.tensor(len(b), device=device)]).double()
+                letters = mask & (mask.cumsum(1) < mask.sum(1, keepdim=True))  # every scored token but the last
+                chars[col[s.length]] += torch.stack([(right & letters).sum(), letters.sum()]).double()
             else:
                 tally[col[s.length], :2] += torch.stack([right.sum(), mask.sum()]).double()
     if world > 1:
         import torch.distributed as dist
         dist.all_reduce(tally)
         dist.all_reduce(loss_sum)
+        dist.all_reduce(chars)
     if was_training:
         model.train()
-    tally, loss_sum = tally.cpu().numpy(), loss_sum.cpu().numpy()
+    tally, loss_sum, chars = tally.cpu().numpy(), loss_sum.cpu().numpy(), chars.cpu().numpy()
     keep = tally[:, 1] > 0
     curve = {p: float(tally[i, 0] / tally[i, 1]) for i, p in enumerate(points) if keep[i]}
     lengths = np.array(points)
@@ -190,6 +196,11 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
         if max(seq) > task.train_len:
             out["val_seq_acc_extrap"] = seq[max(seq)]
         out["curve_seq"] = seq
+    if chars[:, 1].any():  # copying: the seed's code's character accuracy beside the string accuracy
+        out["curve_char"] = {p: float(chars[i, 0] / chars[i, 1]) for i, p in enumerate(points) if chars[i, 1] > 0}
+        for key, where in (("val_char_acc", inside), ("val_char_acc_extrap", outside)):
+            if (chars[where, 1] > 0).any():
+                out[key] = float(chars[where, 0].sum() / chars[where, 1].sum())
     out["curve"] = curve
     return out
 
@@ -218,8 +229,10 @@ def log_points(curve: dict, train_len: int) -> dict:
 
 
 def labelled_curves(label: str, m: dict) -> dict:
-    """The curves of one evaluation for plot_curves: per position, and (state tracking) every position up to L right."""
-    return {label: m["curve"], **({f"{label}, all right to L": m["curve_seq"]} if "curve_seq" in m else {})}
+    """The curves of one evaluation for plot_curves: per position, (state tracking) every position up to L right
+    and (copying) the share of letters right."""
+    return {label: m["curve"], **({f"{label}, all right to L": m["curve_seq"]} if "curve_seq" in m else {}),
+            **({f"{label}, letters": m["curve_char"]} if "curve_char" in m else {})}
 
 
 def draw_curves(ax, curves: dict, train_len: int | None, unit: str, title: str = "") -> None:
@@ -250,4 +263,6 @@ def summary(m: dict, task: TaskData) -> str:
     extrap = f" | acc beyond {task.train_len} {m['val_acc_extrap']:.4f}" if "val_acc_extrap" in m else ""
     seq = "".join(f" | all right to {L} {m[k]:.4f}" for k, L in
                   (("val_seq_acc", task.train_len), ("val_seq_acc_extrap", max(m.get("curve_seq") or [0]))) if k in m)
-    return f"val loss {m['val_loss']:.4f} | acc {acc}{extrap}{seq}"
+    chars = "".join(f" | {what} {m[k]:.4f}" for k, what in (("val_char_acc", "letters"),
+                                                             ("val_char_acc_extrap", "letters beyond")) if k in m)
+    return f"val loss {m['val_loss']:.4f} | acc {acc}{extrap}{seq}{chars}"
