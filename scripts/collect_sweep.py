@@ -8,7 +8,8 @@ optimiser (optim.lr, optim.weight_decay, ...) are one cell; the cell reports the
 model/backbone field the sweep varies); columns are task settings (the task and any data field the sweep varies).
 Writes results.md, results.csv, results.png (accuracy vs length of each cell's best run) and results_training.png
 (its evaluations during training: accuracy vs tokens seen, from the run's metrics.jsonl) to --out (default: the
-first sweep dir). State-tracking cells add the seed's sequence accuracy (every position up to L right).
+first sweep dir). State-tracking cells add the seed's sequence accuracy (every position up to L right); copying
+cells the seed's character accuracy (and results_letters.png).
 """
 
 from __future__ import annotations
@@ -128,9 +129,12 @@ def main():
             text = fmt(r, "val_acc") + (f" / {fmt(r, 'val_acc_extrap')}" if extrap else "")
             if r.get("val_seq_acc") is not None:
                 text += f"; all right {fmt(r, 'val_seq_acc')} / {fmt(r, 'val_seq_acc_extrap')}"
+            if r.get("val_char_acc") is not None:
+                text += f"; letters {fmt(r, 'val_char_acc')} / {fmt(r, 'val_char_acc_extrap')}"
             cells.append(f"{text} (lr {lr:g})")
             table.append({"model": row, "task": col, "val_acc": r.get("val_acc"), "val_acc_extrap": r.get("val_acc_extrap"),
                           "val_seq_acc": r.get("val_seq_acc"), "val_seq_acc_extrap": r.get("val_seq_acc_extrap"),
+                          "val_char_acc": r.get("val_char_acc"), "val_char_acc_extrap": r.get("val_char_acc_extrap"),
                           "val_loss": r.get("val_loss"), "tokens": r.get("tokens"), "lr": lr,
                           "weight_decay": r["config"]["optim"]["weight_decay"], "dir": r["dir"]})
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
@@ -152,15 +156,19 @@ def main():
     n = len(cols)
     ncol = min(n, 3)
     nrow = math.ceil(n / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.4 * nrow), dpi=120, squeeze=False)
-    for ax, col in zip(axes.flat, cols):
-        runs = {row: best[(row, col)] for row in rows if (row, col) in best}
-        first = next(iter(runs.values()))
-        draw_curves(ax, {row: r["curve"] for row, r in runs.items()}, first["train_len"], first["unit"], col)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(out / "results.png")
+    for curve, name in (("curve", "results.png"), ("curve_char", "results_letters.png")):  # letters: copying
+        if not any(curve in r for r in best.values()):
+            continue
+        fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.4 * nrow), dpi=120, squeeze=False)
+        for ax, col in zip(axes.flat, cols):
+            runs = {row: best[(row, col)] for row in rows if (row, col) in best and curve in best[(row, col)]}
+            first = next(iter(runs.values()))
+            draw_curves(ax, {row: r[curve] for row, r in runs.items()}, first["train_len"], first["unit"],
+                        col + (": letters right" if curve == "curve_char" else ""))
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        fig.tight_layout()
+        fig.savefig(out / name)
     fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.4 * nrow), dpi=120, squeeze=False)
     for ax, col in zip(axes.flat, cols):
         for i, row in enumerate(r for r in rows if (r, col) in best):
