@@ -1,4 +1,4 @@
-"""Benchmark of the decayed-attention kernel (kernels/attention.py) against its peers, in one run on one GPU.
+"""Benchmark of the decayed-attention kernel (kernels/attention/) against its peers, in one run on one GPU.
 
     python scripts/bench_attention.py [--B 4 --T 4096 --H 16 --D 64] [--out docs/attention]  # table + JSON + PNG
     python scripts/bench_attention.py --memory            # + peak memory at T = 16,384 and 65,536 with B*T fixed

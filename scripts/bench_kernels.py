@@ -6,13 +6,13 @@ Forward and forward + backward (gradients to every input that needs one), bf16 i
 wall time of triton.testing.do_bench and the GPU time of the kernels alone (torch.profiler), which differ where the
 host's launch work is the slower side; H = 16 heads of D = 64, at each B x T of --shapes (B*T fixed by default, so
 a row's growth with T is the kernel's non-linear cost):
-- the recurrences through kernels/recurrences.py's dispatch, as the mixers call them (FLA's chunked kernels): gated
+- the recurrences through kernels/recurrences/'s dispatch, as the mixers call them (FLA's chunked kernels): gated
   (GLA, per-channel gate), gated with a scalar gate (RetNet / Mamba2), delta rule, gated delta rule, gated Oja;
-  PaTH attention and PaTH-FoX (FLA's parallel_path_attn via kernels/path_attention.py);
+  PaTH attention and PaTH-FoX (FLA's parallel_path_attn via kernels/path_attention/);
 - softmax attention as the yardstick in the same run: SDPA (cuDNN) and our decayed-attention kernel with FoX's gate;
 - the short convolution of the Gated DeltaNet / FoX / PaTH mixers (model/core/layers.py ShortConv: FLA's kernel)
   against F.conv1d (cuDNN depthwise, compiled) on [B, T, 1024];
-- the loss: kernels/linear_ce.py against F.linear + F.cross_entropy, both compiled, 32,768 tokens x 768 -> 50,304,
+- the loss: kernels/linear_ce/ against F.linear + F.cross_entropy, both compiled, 32,768 tokens x 768 -> 50,304,
   under bf16 autocast with an fp32 weight, as in training.
 Writes bench_kernels.{md,json} to --out.
 """
@@ -95,7 +95,7 @@ def loss_cases(n=32768, d=768, V=50304):
                 return fn(*a)
         return f
     return {"linear + CE (full logits, compiled)": (autocast(plain), [h, w]),
-            "linear + CE (kernels/linear_ce.py)": (autocast(fused), [h, w])}
+            "linear + CE (kernels/linear_ce/)": (autocast(fused), [h, w])}
 
 
 def gpu_ms(fn, n=10):

@@ -3,7 +3,7 @@
     python scripts/bench_rotary.py [--B 4 --T 4096 --H 16 --D 64] [--json out.json]
 
 Times three implementations of the same function in one run (triton.testing.do_bench, L2 flushed between runs):
-PyTorch eager (kernels/rotary.py reference), torch.compile of that reference, and the fused Triton kernel; forward
+PyTorch eager (kernels/rotary/ reference), torch.compile of that reference, and the fused Triton kernel; forward
 and forward + backward (gradients to q, k and the increments), in ms and in achieved TB/s, where the forward's
 minimum traffic is read q, k, dphi + write q, k. A copy of a 1 GiB tensor in the same run gives the bandwidth
 ceiling. Then kernel-vs-float64 relative errors at the benchmark shape and at T = 65,536 (angles ~ 6.5e4 rad).

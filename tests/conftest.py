@@ -1,14 +1,17 @@
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# tests/test_gpu.py reuses the kernel tests' inputs (from test_attention import ...), wherever pytest starts
+sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
-if not torch.cuda.is_available():  # the project's Triton kernels run in Triton's interpreter on a CPU (tests/test_rotary.py)
+if not torch.cuda.is_available():  # the project's Triton kernels run in Triton's interpreter on a CPU (tests/kernels/test_rotary.py)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -59,3 +62,25 @@ def pytest_runtest_logreport(report):
     if path and report.failed:
         with open(path, "a") as f:
             f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
+
+
+# shared by the kernel tests (tests/kernels/) and the duality tests
+def qkv(B=2, T=13, H=3, D=8, Tk=None):
+    Tk = Tk or T
+    return torch.randn(B, T, H, D), torch.randn(B, Tk, H, D), torch.randn(B, Tk, H, D)
+
+
+def householder_product_scores(q, k, w, beta):
+    """PaTH scores the slow way: build prod_{s=j+1..i} (I - beta_s w_s w_s^T) as a matrix for every (i, j)."""
+    B, T, H, D = q.shape
+    out = torch.zeros(B, H, T, T)
+    eye = torch.eye(D)
+    for b in range(B):
+        for h in range(H):
+            Hs = [eye - beta[b, s, h] * torch.outer(w[b, s, h], w[b, s, h]) for s in range(T)]
+            for i in range(T):
+                P = eye.clone()
+                for j in range(i, -1, -1):  # P = H_{j+1} ... H_i
+                    out[b, h, i, j] = k[b, j, h] @ P @ q[b, i, h]
+                    P = Hs[j] @ P
+    return out

@@ -6,7 +6,8 @@ from pathlib import Path
 from conftest import ROOT
 
 # every import counts, the lazy ones inside functions too: a cycle that only bites at run time is still a cycle
-PACKAGES = ["common", "kernels", "model", "model.core", "model.mixers", "model.pe", "data", "data.tasks", "evals",
+PACKAGES = ["common", "kernels", "kernels.attention", "kernels.rotary", "kernels.recurrences", "kernels.path_attention",
+            "kernels.linear_ce", "model", "model.core", "model.mixers", "model.pe", "data", "data.tasks", "evals",
             "trainer"]
 SCRIPTS = ["train", "eval"]
 MODULES = ["hf"]  # top-level modules that scripts may import (the transformers face)

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from conftest import qkv
 
 from duality.kernels.attention import decayed_attention, decayed_attention_reference
 from duality.kernels.rotary import cumulative_angles, rope_frequencies, rotate
@@ -23,30 +24,6 @@ def float64_default():
     torch.set_default_dtype(old)
 
 
-def qkv(B=2, T=13, H=3, D=8, Tk=None):
-    Tk = Tk or T
-    return torch.randn(B, T, H, D), torch.randn(B, Tk, H, D), torch.randn(B, Tk, H, D)
-
-
-@pytest.mark.parametrize("Tq,Tk", [(13, 13), (1, 13), (5, 13)])
-@pytest.mark.parametrize("with_decay,with_bias", [(False, False), (True, False), (False, True), (True, True)])
-def test_decayed_attention_sdpa_path_matches_formula(Tq, Tk, with_decay, with_bias):
-    q, k, v = qkv(T=Tq, Tk=Tk)
-    log_decay = torch.cumsum(torch.nn.functional.logsigmoid(torch.randn(2, Tk, 3)), 1) if with_decay else None
-    bias = torch.randn(2, 3, Tq, Tk) if with_bias else None
-    out = decayed_attention(q, k, v, log_decay=log_decay, bias=bias)
-    # independent loop over query positions: softmax over keys j <= i of q.k/sqrt(D) + c_i - c_j + b_ij
-    ref = torch.empty_like(out)
-    for n in range(Tq):
-        i = Tk - Tq + n
-        s = torch.einsum("bhd,bjhd->bhj", q[:, n], k[:, : i + 1]) / math.sqrt(8)
-        if with_decay:
-            s = s + (log_decay[:, i, :, None] - log_decay[:, : i + 1].transpose(1, 2))
-        if with_bias:
-            s = s + bias[:, :, n, : i + 1]
-        ref[:, n] = torch.einsum("bhj,bjhd->bhd", torch.softmax(s, -1), v[:, : i + 1])
-    torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(decayed_attention_reference(q, k, v, log_decay=log_decay, bias=bias), ref)
 
 
 def test_rotate_is_complex_multiplication():
@@ -151,9 +128,8 @@ def test_xl_bias_matches_the_four_term_formula():
 
 
 # ------------------------------------------------------------------------------ the recurrences and their duals
-from duality.kernels.path_attention import path_attention_reference, path_scores  # noqa: E402
+from duality.kernels.path_attention import path_scores  # noqa: E402
 from duality.kernels.recurrences import (  # noqa: E402
-    delta_rule_chunked,
     delta_rule_recurrent,
     gated_chunked,
     gated_recurrent,
@@ -161,32 +137,6 @@ from duality.kernels.recurrences import (  # noqa: E402
 )
 from duality.model import build_model  # noqa: E402
 from duality.model.mixers.scalar_decay import retnet_gammas  # noqa: E402
-
-
-@pytest.mark.parametrize("T", [1, 16, 37])
-@pytest.mark.parametrize("scalar", [False, True])
-def test_gated_chunked_equals_recurrent(T, scalar):
-    q, k, v = qkv(T=T)
-    g = torch.nn.functional.logsigmoid(torch.randn(2, T, 3, 1 if scalar else 8)) * 3
-    S0 = torch.randn(2, 3, 8, 8)
-    o1, S1 = gated_chunked(q, k, v, g, 0.3, S0)
-    o2, S2 = gated_recurrent(q, k, v, g, 0.3, S0)
-    torch.testing.assert_close(o1, o2)
-    torch.testing.assert_close(S1, S2)
-
-
-@pytest.mark.parametrize("T", [1, 16, 37])
-@pytest.mark.parametrize("gated", [False, True])
-def test_delta_rule_chunked_equals_recurrent(T, gated):
-    q, k, v = qkv(T=T)
-    k = torch.nn.functional.normalize(k, dim=-1)
-    beta = 2 * torch.rand(2, T, 3)
-    g = torch.nn.functional.logsigmoid(torch.randn(2, T, 3)) if gated else None
-    S0 = torch.randn(2, 3, 8, 8)
-    o1, S1 = delta_rule_chunked(q, k, v, beta, 0.3, g, S0)
-    o2, S2 = delta_rule_recurrent(q, k, v, beta, 0.3, g, S0)
-    torch.testing.assert_close(o1, o2)
-    torch.testing.assert_close(S1, S2)
 
 
 def _decay_mask_attention(q, k, v, log_a):
@@ -230,29 +180,6 @@ def test_alibi_transformer_equals_fox_with_a_constant_gate():
     torch.testing.assert_close(fox(idx)[0], alibi(idx)[0])
 
 
-def _householder_product_scores(q, k, w, beta):
-    """PaTH scores the slow way: build prod_{s=j+1..i} (I - beta_s w_s w_s^T) as a matrix for every (i, j)."""
-    B, T, H, D = q.shape
-    out = torch.zeros(B, H, T, T)
-    eye = torch.eye(D)
-    for b in range(B):
-        for h in range(H):
-            Hs = [eye - beta[b, s, h] * torch.outer(w[b, s, h], w[b, s, h]) for s in range(T)]
-            for i in range(T):
-                P = eye.clone()
-                for j in range(i, -1, -1):  # P = H_{j+1} ... H_i
-                    out[b, h, i, j] = k[b, j, h] @ P @ q[b, i, h]
-                    P = Hs[j] @ P
-    return out
-
-
-def test_path_scores_equal_the_householder_products():
-    q, k, _ = qkv(B=1, T=9, H=2, D=4)
-    w = torch.nn.functional.normalize(torch.randn(1, 9, 2, 4), dim=-1)
-    beta = 2 * torch.rand(1, 9, 2)
-    torch.testing.assert_close(path_scores(q, k, w, beta), _householder_product_scores(q, k, w, beta))
-
-
 @pytest.mark.parametrize("gated", [False, True])
 def test_deltanet_is_path_without_softmax(gated):
     """Seed 000 sections 5-6: the delta rule's output is sum_j beta_j (k_j^T H_{j+1}..H_t q_t) v_j (times
@@ -267,17 +194,6 @@ def test_deltanet_is_path_without_softmax(gated):
         c = torch.cumsum(g, 1).transpose(1, 2)
         A = A * torch.exp(c[..., :, None] - c[..., None, :]).tril()
     torch.testing.assert_close(o, torch.einsum("bhij,bjhd->bihd", A, v))
-
-
-def test_path_attention_reference_with_fox_gate_matches_formula():
-    q, k, v = qkv(B=1, T=7, H=2, D=4)
-    w = torch.nn.functional.normalize(torch.randn(1, 7, 2, 4), dim=-1)
-    beta, f = 2 * torch.rand(1, 7, 2), torch.nn.functional.logsigmoid(torch.randn(1, 7, 2))
-    c = torch.cumsum(f, 1)
-    s = _householder_product_scores(q, k, w, beta) / 2 + (c.transpose(1, 2)[..., :, None] - c.transpose(1, 2)[..., None, :])
-    s = s.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
-    ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v)
-    torch.testing.assert_close(path_attention_reference(q, k, v, w, beta, c, scale=0.5), ref)
 
 
 def test_gated_oja_equals_its_value_side_unrolling():

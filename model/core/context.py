@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from duality.kernels.documents import document_positions
+from duality.kernels.varlen import document_positions
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from duality.kernels.varlen import document_positions
 from torch import nn
-
-from duality.kernels.documents import document_positions
 
 from .context import TRAINING, Context
 

@@ -2,7 +2,7 @@
 
     q, k, v = x W_q, x W_k, x W_v                    (H heads of size D = d_model / H)
     q, k    = rotary scheme (if any) applied at absolute positions
-    o_i     = sum_{j<=i} softmax_j(q_i.k_j / sqrt(D) + (c_i - c_j) + b_ij) v_j      (kernels/attention.py)
+    o_i     = sum_{j<=i} softmax_j(q_i.k_j / sqrt(D) + (c_i - c_j) + b_ij) v_j      (kernels/attention/)
               (ALiBi: c_i - c_j = -m_h (i - j), the fused kernel on CUDA; no score scheme: SDPA)
     y       = o W_o
 
@@ -15,9 +15,8 @@ position.
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from duality.kernels.attention import decayed_attention
+from torch import nn
 
 from ..core.context import TRAINING
 from ..core.layers import residual_linear

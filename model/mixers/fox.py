@@ -1,7 +1,7 @@
 """Forgetting Transformer (Lin et al. 2025), the `fox` backbone: softmax attention with a data-dependent forget gate.
 
     f_t  = logsigmoid(x_t w_f + b_f)          one log gate per head and token
-    c_t  = sum_{s<=t} f_s,  score_ij = q_i.k_j / sqrt(D) + c_i - c_j        (kernels/attention.py, fused on CUDA)
+    c_t  = sum_{s<=t} f_s,  score_ij = q_i.k_j / sqrt(D) + c_i - c_j        (kernels/attention/, fused on CUDA)
     "pro" options (each a flag): q/k RMSNorm (qk_norm), output gate y = W_o [o * sigmoid(x W_g)] (output_gate),
     short causal convolutions on q, k, v (short_conv).
 

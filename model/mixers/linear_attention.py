@@ -4,7 +4,7 @@
         = sum_{j<=t} (q_t.k_j) v_j  = ((Q K^T) * M) V        (M the causal 0/1 mask)
     y_t = RMSNorm(o_t) W_o                                   (per-head output norm keeps the scale in check)
 
-It is the gated recurrence of kernels/recurrences.py with log gate g = 0, and runs on it: chunked (FLA's kernel on
+It is the gated recurrence of kernels/recurrences/ with log gate g = 0, and runs on it: chunked (FLA's kernel on
 CUDA), never the T x T matrix of the second line (4 GiB per layer at 370m, context 4,096).
 
 A_t = 1 means no decay: its dual is NoPE (seed 000, section 1). A rotary scheme on q and k turns it into the

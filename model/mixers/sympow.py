@@ -6,7 +6,7 @@
     b_ij    = prod_{s=j+1..i} gamma_s,  gamma_t = sigmoid(x_t W_gamma + b)     (`gating`; else b_ij = 1)
     y_i     = sum_{j<=i} B_ij v_j / sum_{j<=i} B_ij,   out = y W_o
 
-The attention form is decayed attention with power scores (kernels/attention.py, fused on CUDA); the scale cancels
+The attention form is decayed attention with power scores (kernels/attention/, fused on CUDA); the scale cancels
 in the ratio and only keeps s^p in range. conformal-sympow (seed 003 section 3.3) is gating + pe=learned_rotation:
 `backbone=conformal_sympow`.
 

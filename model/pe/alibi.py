@@ -2,7 +2,7 @@
 
 A cumulative log-decay with the constant per-head gate log a = -m_h: c_t = -m_h t, c_i - c_j = -m_h (i-j). That is
 RetNet's fixed scalar decay gamma_h = exp(-m_h) seen from the softmax side (seed 000, section 2), and FoX with a
-constant forget gate (seed 003, appendix A.1). The slopes go to kernels/attention.py as they are, which computes
+constant forget gate (seed 003, appendix A.1). The slopes go to kernels/attention/ as they are, which computes
 -m_h (i - j) from the positions (exact where c_t = -m_h t in fp32 would not be at t ~ 10^4)."""
 
 import torch

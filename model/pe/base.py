@@ -10,7 +10,7 @@ changes no mixer (tests/test_model.py builds one in the test):
     rotary     q and k inside the mixer                        rotate(q, k, x, ctx) -> q, k          rope
     score      the attention scores: keyword arguments of      scores(q, k, ctx) -> dict             alibi, t5, xl
                decayed_attention, a log-decay (slopes,
-               log_decay) and/or a bias b_ij (kernels/attention.py)
+               log_decay) and/or a bias b_ij (kernels/attention/)
     vo_rotary  the values (R_j v_j) and the output (R_t^T o_t) rotate_values(v, ctx), rotate_output  vo_rope
 
 A scheme is built from Dims (model/core/context.py), known before its mixer; relative schemes (rotary, score,
@@ -75,7 +75,7 @@ class PositionalScheme(nn.Module):
 
 class AccumulatedRotation(PositionalScheme):
     """A rotary scheme whose angles accumulate data-dependent increments, phi_t = theta * (phi_0 + sum_{s<=t}
-    dphi_s) (kernels/rotary.py): a subclass sets `theta` and gives `increments(q, x, ctx)`, [B, T, H, D/2] or
+    dphi_s) (kernels/rotary/): a subclass sets `theta` and gives `increments(q, x, ctx)`, [B, T, H, D/2] or
     [B, T, H, 1]. Decoding keeps the running angle in ctx.state.phi. Packed rows run per document."""
     kind = "rotary"
     packable = False

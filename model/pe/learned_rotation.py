@@ -6,7 +6,7 @@
     mu_t     = mu_{t-1} + beta_t theta                  the rotation accumulated up to t
     q_t, k_t = R(mu_t) q_t, R(mu_t) k_t                 so q_i.k_j sees R(theta sum_{s=j+1..i} beta_s)
 
-A cumulative rotation whose increment beta_t is broadcast over the channel pairs (kernels/rotary.py); beta = 1 is
+A cumulative rotation whose increment beta_t is broadcast over the channel pairs (kernels/rotary/); beta = 1 is
 RoPE with base N (times 2 pi). The model may speed a head's clock up to twice or stop it. Channels pair as
 (x_i, x_{i+d/2}) rather than the paper's adjacent (x_2i, x_2i+1): a fixed permutation of q's and k's channels, which
 the projections absorb. With a forget gate it makes conformal-sympow (seed 003 section 3.3).

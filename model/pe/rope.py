@@ -1,6 +1,6 @@
 """RoPE (Su et al.): rotate q and k by angles phi_t = t * theta, theta_i = base^(-2i/d_head).
 
-A cumulative rotation with constant increments dphi_s = 1 and temperatures theta (kernels/rotary.py); the dual of
+A cumulative rotation with constant increments dphi_s = 1 and temperatures theta (kernels/rotary/); the dual of
 the complex forget gate A_t = exp(i Omega) of a linear recurrence (seed 000, section 4).
 """
 
@@ -41,7 +41,7 @@ class RoPE(PositionalScheme):
 
     def rotate(self, q, k, x=None, ctx=TRAINING):
         # The cumulative sum of constant increments has the closed form t * theta; cumulative_rotation(q, k, None,
-        # theta, phi0=offset - 1) computes the same (tests/test_rotary.py). Eager on CUDA it is the faster path: one
+        # theta, phi0=offset - 1) computes the same (tests/kernels/test_rotary.py). Eager on CUDA it is the faster path: one
         # Triton launch for q and k, where the table's element-wise chain is ~10 unfused kernels each way (28 ms of
         # an eager 124m step); compiled, Inductor fuses the table path into the projections around it.
         T, offset, positions = q.shape[1], ctx.offset, ctx.positions(q.shape[1])

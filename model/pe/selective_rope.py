@@ -11,7 +11,7 @@ Per head h, from a source vector a_t,h (`source`):
     dphi_t  += e^b                            optional bias b per head and channel, 0 at init: +1 per token
     dphi_t  *= sigmoid(w_h . x_t/||x_t|| + c_h)        optional phase gate from the block input x
     phi_t    = Theta * sum_{s <= t} dphi_s    Theta: per-channel temperatures
-    q_t, k_t = rot(q_t, phi_t), rot(k_t, phi_t)        GPT-NeoX half-split pairs (kernels/rotary.py)
+    q_t, k_t = rot(q_t, phi_t), rot(k_t, phi_t)        GPT-NeoX half-split pairs (kernels/rotary/)
 
 so <q_t, k_s> sees R(phi_t - phi_s): the rotation accumulated between s and t, a unitary and now selective
 transition (the linear-attention dual is S_t = S_{t-1} exp(i Theta dphi_t) + v_t k_t^H, seed 004 eq. 12-13).

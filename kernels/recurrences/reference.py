@@ -1,33 +1,9 @@
-"""The linear recurrences of the forget-gate side of the duality, with PyTorch references and FLA dispatch.
-
-All use FLA's layout: q, k [B, T, H, K], v [B, T, H, V], state S [B, H, K, V], o_t = scale * S_t^T q_t.
-
-    gated (GLA family)   S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T          g_t in R^K (log gate, <= 0)
-                         a scalar gate per head is g_t broadcast over K (RetNet: constant, Mamba2: data dependent),
-                         linear attention is g = 0.
-    delta rule           S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T      (g = 0: DeltaNet)
-    gated Oja (seed 001) S_t = (S_{t-1} diag(exp(gv_t))) (I - beta_t v_t v_t^T) + beta_t k_t v_t^T   (value side)
-
-Unrolled, each is sum_j (k_j^T [prod_{s=j+1..t} A_s] q_t) v_j: the product of forget gates is the relative position
-encoding that the dual softmax scheme puts into its scores (seed 000).
-
-`*_recurrent` are the token-by-token definitions (the oracles, and the decoding step). `gated_chunked` and
-`delta_rule_chunked` are exact chunked parallel forms (the CPU training path; gate differences are taken pairwise
-inside chunks of 16, so they are stable).
-`gated`, `delta_rule` and `oja` dispatch: FLA's Triton kernels on CUDA, the references elsewhere. `gated`,
-`delta_rule` and `oja` take packed documents (B = 1, boundaries cu_seqlens [N + 1]): each document starts from S = 0; FLA's
-varlen kernels on CUDA, the reference per document elsewhere.
-"""
+"""The recurrences from their definitions (kernels/recurrences/__init__.py): `*_recurrent` token by token (the
+oracles and the decoding step), `*_chunked` exact chunked parallel forms (the CPU training path)."""
 
 from __future__ import annotations
 
 import torch
-
-from .documents import per_document
-
-
-def _fla_ok(x: torch.Tensor) -> bool:
-    return x.is_cuda
 
 
 def _f32(*xs):
@@ -76,23 +52,6 @@ def gated_chunked(q, k, v, g, scale, S0=None, chunk: int = 16):
     return torch.cat(out, 1), S
 
 
-def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None):
-    """g: [B, T, H, K] (diagonal gate) or [B, T, H, 1] (scalar gate per head), log space."""
-    if _fla_ok(q):
-        if g.shape[-1] == 1:
-            from fla.ops.simple_gla import chunk_simple_gla
-            return chunk_simple_gla(q, k, v, g=g[..., 0].float(), scale=scale, initial_state=S0,
-                                    output_final_state=output_state, cu_seqlens=cu_seqlens)
-        from fla.ops.gla import chunk_gla
-        return chunk_gla(q, k, v, g=g.float(), scale=scale, initial_state=S0, output_final_state=output_state,
-                         cu_seqlens=cu_seqlens)
-    if cu_seqlens is not None:
-        o = per_document(lambda *a: gated_chunked(*a)[0], cu_seqlens, q, k, v, g.expand(*q.shape[:3], g.shape[-1]),
-                         scale)
-        return o, None
-    return gated_chunked(q, k, v, g, scale, S0)
-
-
 # --------------------------------------------------------------------------------------------------- delta rule
 def delta_rule_recurrent(q, k, v, beta, scale, g=None, S0=None):
     """g: [B, T, H] log decay (None for DeltaNet); beta: [B, T, H]."""
@@ -138,22 +97,6 @@ def delta_rule_chunked(q, k, v, beta, scale, g=None, S0=None, chunk: int = 16):
     return torch.cat(out, 1), S
 
 
-def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seqlens=None):
-    if _fla_ok(q):
-        if g is None and q.dtype != torch.float32:
-            from fla.ops.delta_rule import chunk_delta_rule
-            return chunk_delta_rule(q, k, v, beta=beta, scale=scale, initial_state=S0, output_final_state=output_state,
-                                    cu_seqlens=cu_seqlens)
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        if g is None:  # FLA 0.6's chunk_delta_rule refuses float32 (an fp32 run of DeltaNet): the gated one, g = 0
-            g = q.new_zeros(q.shape[:3])
-        return chunk_gated_delta_rule(q, k, v, g=g.float(), beta=beta, scale=scale, initial_state=S0,
-                                      output_final_state=output_state, cu_seqlens=cu_seqlens)
-    if cu_seqlens is not None:
-        return per_document(lambda *a: delta_rule_chunked(*a)[0], cu_seqlens, q, k, v, beta, scale, g), None
-    return delta_rule_chunked(q, k, v, beta, scale, g, S0)
-
-
 # ------------------------------------------------------------------------------------------------ gated Oja rule
 def oja_recurrent(q, k, v, gv, beta, scale, S0=None):
     """gv: [B, T, H, V] log gate on the value side; beta: [B, T, H]. FLA's state S [K, V]:
@@ -169,13 +112,3 @@ def oja_recurrent(q, k, v, gv, beta, scale, S0=None):
         S = S + k_new[..., None] * vt[:, :, None, :]
         out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]) * scale)
     return torch.stack(out, 1), S
-
-
-def oja(q, k, v, gv, beta, scale, S0=None, output_state=False, cu_seqlens=None):
-    if _fla_ok(q):
-        from fla.ops.gated_oja_rule import chunk_gated_oja_rule
-        return chunk_gated_oja_rule(q, k, v, gv=gv.float(), beta=beta, scale=scale, initial_state=S0,
-                                    output_final_state=output_state, cu_seqlens=cu_seqlens)
-    if cu_seqlens is not None:
-        return per_document(lambda *a: oja_recurrent(*a)[0], cu_seqlens, q, k, v, gv, beta, scale), None
-    return oja_recurrent(q, k, v, gv, beta, scale, S0)

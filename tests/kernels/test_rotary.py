@@ -1,4 +1,4 @@
-"""The cumulative-rotation primitive (kernels/rotary.py) and the schemes built on it: RoPE, Selective RoPE, the
+"""The cumulative-rotation primitive (kernels/rotary/) and the schemes built on it: RoPE, Selective RoPE, the
 learned (beta-scaled) rotation. The reference is checked against a float64 computation written differently
 (complex numbers, a lower-triangular matmul for the running sum); the Triton kernel runs in Triton's interpreter on
 a CPU (conftest sets TRITON_INTERPRET=1 when there is no GPU) and is checked against the reference, forward and
@@ -10,13 +10,8 @@ import os
 import pytest
 import torch
 
-from duality.kernels.rotary import (
-    _block_t,
-    cumulative_rotation,
-    cumulative_rotation_reference,
-    rope_frequencies,
-    rotate,
-)
+from duality.kernels.rotary import cumulative_rotation, cumulative_rotation_reference, rope_frequencies, rotate
+from duality.kernels.rotary.kernel import _block_t
 from duality.model import Cache, ConfigError, build_model
 from duality.model.core import Context
 from duality.model.pe.selective_rope import temperatures

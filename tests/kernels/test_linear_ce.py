@@ -1,10 +1,10 @@
-"""Fused linear + cross-entropy (kernels/linear_ce.py) against the plain formula, and the GPT's loss through it."""
+"""Fused linear + cross-entropy (kernels/linear_ce/) against the plain formula, and the GPT's loss through it."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import duality.kernels.linear_ce as lce
+import duality.kernels.linear_ce.chunked as lce
 from duality.kernels.linear_ce import linear_cross_entropy, linear_cross_entropy_reference
 from duality.model import build_model
 

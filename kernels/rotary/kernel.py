@@ -1,31 +1,5 @@
-"""Cumulative rotation: the one primitive behind every rotary scheme.
-
-A rotary scheme rotates each (x_i, x_{i+D/2}) channel pair of q and k (GPT-NeoX half-split layout) by an angle
-that is a per-channel temperature times a running sum of per-token increments:
-
-    Phi_t = Phi_0 + sum_{s <= t} dphi_s            (raw angle, fp32, restarts at every document of a packed batch)
-    phi_t = theta * Phi_t
-    rot(x, phi)_t = [x1 cos(phi_t) - x2 sin(phi_t),  x1 sin(phi_t) + x2 cos(phi_t)],   x = [x1, x2]
-
-- RoPE:                     dphi_s = 1 (no tensor at all), theta_i = base^(-2i/D), Phi_0 = offset - 1: phi_t = t theta.
-- Selective RoPE (seed 004): dphi_s = conv(W q_s) (times a phase gate), theta = a temperature schedule.
-- learned / conformal rotation (seed 003 section 3.2): dphi_s = beta_s (one per head, broadcast over channels).
-
-Because R(a)^T R(b) = R(b - a), <rot(q, phi_i), rot(k, phi_j)> = q^T R(phi_j - phi_i) k depends only on the
-angle accumulated between j and i: the rotation is the dual of the complex forget gate exp(i Omega) of a linear
-recurrence (seed 000, section 4). `tests/test_duality.py` checks that equality.
-
-Three implementations of the same function live here:
-- `cumulative_rotation_reference`: PyTorch, from the equations (CPU path and test oracle, any dtype incl. float64).
-- a fused Triton kernel (CUDA path; the interpreter runs it on CPU when TRITON_INTERPRET=1). torch.compile cannot
-  fuse a cumulative sum with what follows it, so the prelude costs several passes over q and k; the kernel reads
-  q, k and the increments once and writes q and k once, in one launch. Each program takes a chunk of BT tokens of
-  one head, publishes its chunk total, and finds the total of all earlier chunks of its document by decoupled
-  look-back (Merrill & Garland 2016) over the totals the others publish; programs take chunks in the order of an
-  atomic ticket, so a program only ever waits on chunks already running. The backward pass does the same from
-  the last chunk to the first: the increment gradient is a reverse cumulative sum of dL/dphi.
-- `cumulative_rotation`: the autograd-aware entry point; Triton on CUDA, the reference elsewhere.
-"""
+"""The fused Triton kernel of the cumulative rotation, forward and backward (kernels/rotary/__init__.py says
+how it works), with its autograd wrapper."""
 
 from __future__ import annotations
 
@@ -36,88 +10,17 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU-only installs without Triton use the reference
+except ImportError:  # CPU-only installs: the reference
     triton = None
 
+from ..varlen import chunk_table
 
-def rope_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
-    """theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1 (Su et al.)."""
-    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-
-
-def cumulative_angles(dphi: torch.Tensor, phi0: torch.Tensor | None = None, dim: int = 1) -> torch.Tensor:
-    """Phi_t = Phi_0 + cumsum(dphi)_t along `dim`, in fp32 at least (angles grow with t)."""
-    phi = torch.cumsum(dphi.to(torch.promote_types(dphi.dtype, torch.float32)), dim=dim)
-    if phi0 is not None:
-        phi = phi + (phi0.to(phi.dtype).unsqueeze(dim) if torch.is_tensor(phi0) else phi0)
-    return phi
-
-
-def rotate(x: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (x[..., :D/2], x[..., D/2:]) of x by angles phi (shape broadcastable to x[..., :D/2])."""
-    return rotate_cos_sin(x, torch.cos(phi), torch.sin(phi))
-
-
-def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """rotate() given cos(phi) and sin(phi): a scheme whose angles do not depend on the data tabulates them once
-    (sin and cos of every element of q and k made the compiled 124m RoPE model compute-bound: docs/throughput)."""
-    half = x.shape[-1] // 2
-    dt = torch.promote_types(x.dtype, torch.float32)
-    x1, x2 = x[..., :half].to(dt), x[..., half:].to(dt)
-    cos, sin = cos.to(dt), sin.to(dt)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
-
-
-def _check(q, k, dphi, theta, phi0, cu_seqlens):
-    if q.shape != k.shape or q.dim() != 4 or q.shape[-1] % 2:
-        raise ValueError(f"cumulative_rotation: q and k must both be [B, T, H, D] with D even, got "
-                         f"{tuple(q.shape)} and {tuple(k.shape)}")
-    B, T, H, D = q.shape
-    if dphi is not None and (dphi.shape[:3] != (B, T, H) or dphi.shape[3] not in (1, D // 2)):
-        raise ValueError(f"cumulative_rotation: increments must be [B, T, H, D/2] or [B, T, H, 1] = "
-                         f"[{B}, {T}, {H}, {D // 2} or 1], got {tuple(dphi.shape)}")
-    if theta.shape not in ((D // 2,), (H, D // 2)):
-        raise ValueError(f"cumulative_rotation: temperatures must be [D/2] or [H, D/2], got {tuple(theta.shape)}")
-    if cu_seqlens is not None and (B != 1 or phi0 is not None):
-        raise ValueError("cumulative_rotation: packed input (cu_seqlens) needs B = 1 and no initial angle")
-
-
-def cumulative_rotation_reference(q, k, dphi, theta, phi0=None, cu_seqlens=None):
-    """Returns (rot(q, phi), rot(k, phi), Phi_T [B, H, D/2]); see the module docstring. dphi None means dphi = 1;
-    phi0 is a number or [B, H, D/2]; cu_seqlens [N + 1] (int) restarts the sum at each document (B = 1)."""
-    _check(q, k, dphi, theta, phi0, cu_seqlens)
-    B, T, H, D = q.shape
-    dt = torch.promote_types(q.dtype, torch.float32)
-    inc = (torch.ones(B, T, 1, 1, dtype=dt, device=q.device) if dphi is None else dphi).to(dt)
-    if cu_seqlens is None:
-        raw = cumulative_angles(inc, phi0)
-    else:
-        bounds = cu_seqlens.tolist()
-        raw = torch.cat([torch.cumsum(inc[:, s:e], 1) for s, e in zip(bounds[:-1], bounds[1:])], 1)
-    phi = raw * theta.to(dt)
-    final = None if cu_seqlens is not None else raw[:, -1].expand(B, H, D // 2)
-    return rotate(q, phi), rotate(k, phi), final
-
+if triton is not None:
+    from ..varlen import chunk as _chunk
 
 # ----------------------------------------------------------------------------------------------------- Triton
 
 if triton is not None:
-    @triton.jit
-    def _chunk(c, chunk_tab, cu_seqlens, T, NT, BT: tl.constexpr, VARLEN: tl.constexpr):
-        """Chunk c (flat index over all sequences): its first token t0, its document's end eos, its index i within
-        the document and whether it is the document's last chunk."""
-        if VARLEN:
-            n = tl.load(chunk_tab + 2 * c)
-            i = tl.load(chunk_tab + 2 * c + 1)
-            bos = tl.load(cu_seqlens + n)
-            eos = tl.load(cu_seqlens + n + 1)
-        else:
-            bos = (c // NT) * T
-            i = c % NT
-            eos = bos + T
-        t0 = bos + i * BT
-        return t0, eos, i, t0 + BT >= eos
-
     @triton.jit
     def _look_back(flags, agg, inc, j, stop, step, cols, BD: tl.constexpr):
         """Decoupled look-back (Merrill & Garland): add up the published totals of chunks j, j+step, ... until one
@@ -251,15 +154,6 @@ def _operands(dphi, theta, B, T, H, D2, placeholder):
     return pf, ((0, 0, 0) if dphi is None else pf.stride()), (th if th.stride(1) == 1 else th.contiguous())
 
 
-def _chunk_table(cu_seqlens, BT, device):
-    """Packed input: the (document, chunk-within-document) pairs, each document's chunks consecutive."""
-    cu = cu_seqlens.to(device=device, dtype=torch.int32)
-    n_chunks = ((cu[1:] - cu[:-1] + BT - 1) // BT).long()
-    doc = torch.repeat_interleave(torch.arange(len(n_chunks), device=device), n_chunks)
-    idx = torch.arange(len(doc), device=device) - (torch.cumsum(n_chunks, 0) - n_chunks)[doc]
-    return torch.stack([doc, idx], 1).to(torch.int32).contiguous(), cu
-
-
 class _CumulativeRotation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, dphi, theta, phi0, cu_seqlens):
@@ -270,7 +164,7 @@ class _CumulativeRotation(torch.autograd.Function):
         qf, kf = _flat(q, B, T), _flat(k, B, T)
         pf, s_p, th = _operands(dphi, theta, B, T, H, D2, qf)
         if varlen:
-            tab, cu = _chunk_table(cu_seqlens, BT, dev)
+            tab, cu = chunk_table(cu_seqlens, BT, dev)
             NT, NC = 0, tab.shape[0]
         else:
             tab = cu = qf
@@ -325,28 +219,6 @@ class _CumulativeRotation(torch.autograd.Function):
             if theta.dim() == 1:
                 g_theta = g_theta.sum(0)
         return gqi.view(B, T, H, D), gki.view(B, T, H, D), g_dphi, g_theta, None, None
-
-
-def cumulative_rotation(q, k, dphi, theta, phi0=None, cu_seqlens=None, impl: str | None = None):
-    """Rotate q and k [B, T, H, D] by phi_t = theta * (phi0 + sum_{s<=t} dphi_s); returns (q_rot, k_rot, Phi_T).
-
-    dphi: [B, T, H, D/2] or [B, T, H, 1] increments, or None for dphi = 1 (RoPE). theta: [D/2] or [H, D/2].
-    phi0: a number or [B, H, D/2] raw angle to continue from (a decoding cache); Phi_T [B, H, D/2] is the raw angle
-    after the last token, to cache (None for packed input). cu_seqlens: document boundaries of packed input (B = 1).
-    impl: "triton" or "torch"; default Triton on CUDA, the reference elsewhere (the interpreter runs the Triton
-    kernels on CPU when TRITON_INTERPRET=1, which is how CI tests them)."""
-    _check(q, k, dphi, theta, phi0, cu_seqlens)
-    if impl is None:
-        impl = "triton" if q.is_cuda and triton is not None else "torch"
-    if impl == "torch":
-        return cumulative_rotation_reference(q, k, dphi, theta, phi0, cu_seqlens)
-    if impl != "triton":
-        raise ValueError(f"cumulative_rotation: impl must be 'triton' or 'torch', got {impl!r}")
-    if triton is None:
-        raise RuntimeError("cumulative_rotation: impl='triton' needs the triton package")
-    if q.dtype == torch.float64:
-        raise ValueError("cumulative_rotation: the Triton kernel takes fp32/bf16/fp16; use impl='torch' for float64")
-    return _triton_rotation(q, k, dphi, theta, phi0, cu_seqlens)
 
 
 # Outside Dynamo: under Triton 3.7.1 its analysis of these kernels fails and takes the whole compile with it. A

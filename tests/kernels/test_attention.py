@@ -1,4 +1,4 @@
-"""The decayed-attention primitive (kernels/attention.py): softmax and symmetric-power scores, forget-gate log-decays,
+"""The decayed-attention primitive (kernels/attention/): softmax and symmetric-power scores, forget-gate log-decays,
 ALiBi slopes, packed documents. The reference is checked against the formula written out per query in float64; the
 Triton kernel runs in Triton's interpreter on a CPU (conftest sets TRITON_INTERPRET=1 without a GPU) and is checked
 against the float64 reference, forward and every gradient, at lengths that are not multiples of the blocks and
@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import qkv
 
 from duality.kernels.attention import INTERPRETER_CONFIG, decayed_attention, decayed_attention_reference
 
@@ -170,3 +171,24 @@ def test_cumulative_log_decay_is_a_cumsum_over_time():
         f = torch.nn.functional.logsigmoid(torch.randn(*shape, dtype=torch.float64))
         torch.testing.assert_close(cumulative_log_decay(f), torch.cumsum(f, 1), rtol=1e-12, atol=1e-12)
         assert cumulative_log_decay(f.bfloat16()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("Tq,Tk", [(13, 13), (1, 13), (5, 13)])
+@pytest.mark.parametrize("with_decay,with_bias", [(False, False), (True, False), (False, True), (True, True)])
+def test_decayed_attention_sdpa_path_matches_formula(Tq, Tk, with_decay, with_bias):
+    q, k, v = qkv(T=Tq, Tk=Tk)
+    log_decay = torch.cumsum(torch.nn.functional.logsigmoid(torch.randn(2, Tk, 3)), 1) if with_decay else None
+    bias = torch.randn(2, 3, Tq, Tk) if with_bias else None
+    out = decayed_attention(q, k, v, log_decay=log_decay, bias=bias)
+    # independent loop over query positions: softmax over keys j <= i of q.k/sqrt(D) + c_i - c_j + b_ij
+    ref = torch.empty_like(out)
+    for n in range(Tq):
+        i = Tk - Tq + n
+        s = torch.einsum("bhd,bjhd->bhj", q[:, n], k[:, : i + 1]) / math.sqrt(8)
+        if with_decay:
+            s = s + (log_decay[:, i, :, None] - log_decay[:, : i + 1].transpose(1, 2))
+        if with_bias:
+            s = s + bias[:, :, n, : i + 1]
+        ref[:, n] = torch.einsum("bhj,bjhd->bhd", torch.softmax(s, -1), v[:, : i + 1])
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(decayed_attention_reference(q, k, v, log_decay=log_decay, bias=bias), ref)

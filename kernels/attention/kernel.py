@@ -1,146 +1,24 @@
-"""Decayed attention: the one causal attention primitive behind every additive positional scheme and forget gate.
-
-    o_i = sum_{j <= i} w_ij v_j / sum_{j <= i} w_ij,        s_ij = scale * q_i . k_j
-    softmax      (power=None):  w_ij = exp(s_ij + (c_i - c_j) - m_h (i - j) + b_ij)
-    symmetric power p (even):   w_ij = s_ij^p  exp((c_i - c_j) - m_h (i - j))                          (seed 003)
-
-- c is a cumulative log-decay, c_t = sum_{s <= t} log a_s with a_s in (0, 1]: the forget gate of a linear
-  recurrence written in log space (seed 000). FoX: log a_t = log sigmoid(w . x_t + b); sympow + gating: the same
-  gate multiplying (q.k)^p; NoPE: no c.
-- `slopes` m_h: ALiBi, the constant gate log a = -m_h, given as slopes so that -m_h (i - j) is computed from the
-  positions (a cumulative sum -m_h t, rounded to fp32 at t ~ 10^4, would blur nearby weights).
-- b is any other additive term (T5 buckets, Transformer-XL's position terms), broadcastable to [B, H, Tq, Tk].
-- p even keeps every w_ij >= 0, so each row is a distribution; the scale cancels between numerator and denominator
-  and only keeps s^p in range. c_i cancels the same way: only the key side c_j shapes the weights, and the gradient
-  reaching c_i from row i is zero (in exact arithmetic: the kernel adds it anyway, see _dq_kernel).
-
-Layout: q [B, Tq, H, D], k and v [B, Tk, H, D] with Tq <= Tk; the queries are the last Tq positions of the Tk keys
-(so the same call serves training, chunked prefill and one-token decoding with a KV cache). `log_decay` is c at the
-Tk key positions, [B, Tk, H] (the queries use its last Tq entries). `cu_seqlens` [N + 1] marks the documents of a
-packed batch (B = 1, Tq = Tk): no token attends across a boundary.
-
-Three implementations of the same function:
-- `decayed_attention_reference`: the formula with explicit T x T scores (CPU path for sympow, test oracle).
-- a flash-style Triton kernel, forward and backward, memory linear in T: each program holds a block of queries (or,
-  in the backward, of keys) and streams the other side through on-chip memory. The softmax path keeps the online
-  max (exp2 with log2 e folded in); the power path needs no exponent and no running max: s^p is a product, an fp32
-  accumulator holds it for |s| up to ~10^9, and bf16 (the operand of the p.v product) has fp32's range. Away from
-  the diagonal the power path's gate factorises, exp(c_i - c_j) = exp(c_i - c_r) exp(c_r - c_j) with r the block's
-  last key (both factors <= 1), so it costs one multiply per score instead of an exponential. The interpreter runs
-  the kernel on a CPU when TRITON_INTERPRET=1 (how CI tests it).
-- `decayed_attention`: the entry point. On CUDA the Triton kernel whenever there is a gate, slopes, a power or
-  packed documents; plain causal softmax goes to torch's SDPA (cuDNN / FlashAttention); elsewhere the reference or
-  SDPA with an explicit mask.
-"""
+"""The flash-style Triton kernel of decayed attention, forward and backward (kernels/attention/__init__.py says
+how it works), with its autograd wrapper and the test of when it applies."""
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
-import torch.nn.functional as F
 
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU-only installs without Triton use the reference
+except ImportError:  # CPU-only installs: the reference
     triton = None
 
-from .documents import document_ids
-from .rotary import _chunk_table  # packed input: the same (document, block) table as the rotation kernel
+from ..varlen import block_table
 
 if triton is not None:
-    from .rotary import _chunk
+    from ..varlen import chunk as _chunk
 
 LOG2E = 1.4426950408889634
-
-
-def cumulative_log_decay(log_gate: torch.Tensor) -> torch.Tensor:
-    """c_t = sum_{s<=t} f_s: the log-decay of per-token log forget gates f [B, T, H] (or [B, T, H, K]), in fp32 at
-    least. Summed along the last axis of a transposed view: torch's cumsum over the middle (time) axis of a
-    [4, 4096, 16] tensor took 1.5 ms forward on an H100, this 0.03 ms (and is closer to float64)."""
-    x = log_gate.to(torch.promote_types(log_gate.dtype, torch.float32))
-    return torch.cumsum(x.transpose(1, -1), -1).transpose(1, -1)
-
-
-def log_weight_bias(Tq, Tk, *, log_decay=None, slopes=None, bias=None, cu_seqlens=None, device=None,
-                    dtype=torch.float32):
-    """The additive log-weight (c_i - c_j) - m_h (i - j) + b_ij, -inf where j > i or across documents:
-    [B or 1, H or 1, Tq, Tk]."""
-    i = torch.arange(Tk - Tq, Tk, device=device)[:, None]
-    j = torch.arange(Tk, device=device)[None, :]
-    out = torch.zeros(1, 1, Tq, Tk, device=device, dtype=dtype)
-    if log_decay is not None:
-        c = log_decay.to(dtype).transpose(1, 2)  # [B, H, Tk]
-        out = out + (c[:, :, Tk - Tq:, None] - c[:, :, None, :])
-    if slopes is not None:
-        out = out - slopes.to(device=device, dtype=dtype)[None, :, None, None] * (i - j).to(dtype)
-    if bias is not None:
-        out = out + bias.to(dtype)
-    allowed = j <= i
-    if cu_seqlens is not None:
-        doc = document_ids(cu_seqlens.to(device), Tk)
-        allowed = allowed & (doc[Tk - Tq:, None] == doc[None, :])
-    return out.masked_fill(~allowed, float("-inf"))
-
-
-def _check(q, k, v, log_decay, slopes, power, cu_seqlens):
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[::2] != k.shape[::2] or q.shape[1] > k.shape[1] \
-            or q.shape[3] != k.shape[3]:
-        raise ValueError(f"decayed_attention: q [B, Tq, H, D] and k, v [B, Tk, H, D] with Tq <= Tk, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    B, Tk, H = k.shape[:3]
-    if log_decay is not None and (log_decay.dim() != 3 or log_decay.shape[1:] != (Tk, H)
-                                  or log_decay.shape[0] not in (1, B)):
-        raise ValueError(f"decayed_attention: log_decay must be [B, Tk, H] = [{B}, {Tk}, {H}], "
-                         f"got {tuple(log_decay.shape)}")
-    if slopes is not None and slopes.shape != (H,):
-        raise ValueError(f"decayed_attention: slopes must be [H] = [{H}], got {tuple(slopes.shape)}")
-    if power is not None and (not isinstance(power, int) or power < 2 or power % 2):
-        raise ValueError(f"decayed_attention: power must be an even integer >= 2 (or None for softmax), got {power!r}")
-    if cu_seqlens is not None and (B != 1 or q.shape[1] != Tk):
-        raise ValueError("decayed_attention: packed input (cu_seqlens) needs B = 1 and Tq = Tk")
-
-
-def decayed_attention_reference(q, k, v, *, log_decay=None, slopes=None, bias=None, power=None, scale=None,
-                                cu_seqlens=None):
-    """Plain formula (explicit scores, normalised weights, weighted sum) in the dtype of q."""
-    _check(q, k, v, log_decay, slopes, power, cu_seqlens)
-    Tq, Tk, D = q.shape[1], k.shape[1], q.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
-    a = log_weight_bias(Tq, Tk, log_decay=log_decay, slopes=slopes, bias=bias, cu_seqlens=cu_seqlens,
-                        device=q.device, dtype=q.dtype)
-    if power is None:
-        p = torch.softmax(s + a, dim=-1)
-    else:
-        w = s ** power * torch.exp(a)
-        p = w / w.sum(-1, keepdim=True)
-    return torch.einsum("bhij,bjhd->bihd", p, v)
-
-
-def _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens):
-    """Softmax through torch's SDPA (flash / cuDNN kernels when there is no additive term, else an explicit mask)."""
-    Tq, Tk = q.shape[1], k.shape[1]
-    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-    if log_decay is None and slopes is None and bias is None and cu_seqlens is None:
-        if Tq == Tk:
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
-        elif Tq == 1:  # one new token sees the whole cache
-            o = F.scaled_dot_product_attention(qh, kh, vh, scale=scale)
-        else:
-            i = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
-            mask = torch.arange(Tk, device=q.device)[None, :] <= i
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-        return o.transpose(1, 2)
-    # c_i - c_j is a small difference of large numbers at long T, and a bf16 bias would round -m*1000 by several
-    # units: keep the bias, and so (SDPA wants one dtype) the whole call, in at least fp32.
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    mask = log_weight_bias(Tq, Tk, log_decay=log_decay, slopes=slopes, bias=bias, cu_seqlens=cu_seqlens,
-                           device=q.device, dtype=dtype)
-    o = F.scaled_dot_product_attention(qh.to(dtype), kh.to(dtype), vh.to(dtype), attn_mask=mask, scale=scale)
-    return o.to(q.dtype).transpose(1, 2)
 
 
 # ----------------------------------------------------------------------------------------------------- Triton
@@ -425,12 +303,6 @@ def _precision(q):
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-def _block_table(cu_seqlens, BLOCK, device):
-    """Packed input: one (document, block-within-document) row per program, blocks with the most keys first."""
-    tab, cu = _chunk_table(cu_seqlens, BLOCK, device)
-    return tab[torch.argsort(tab[:, 1], descending=True, stable=True)].contiguous(), cu
-
-
 class _DecayedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, c, slopes, power, scale, cu_seqlens):
@@ -442,7 +314,7 @@ class _DecayedAttention(torch.autograd.Function):
         # per-token arrays (c, the row statistic, Delta, dc) are [H, N]: a block of tokens is contiguous
         cf = None if c is None else c.float().expand(B, T, H).reshape(B * T, H).t().contiguous()
         if cu_seqlens is not None:
-            tab, cu = _block_table(cu_seqlens, BLOCK, q.device)
+            tab, cu = block_table(cu_seqlens, BLOCK, q.device)
             grid, NB = (tab.shape[0], H), 0
         else:
             tab = cu = qf
@@ -498,36 +370,3 @@ def _triton_ok(q, k, bias, interpreter: bool = False):
     where = q.is_cuda or (interpreter and os.environ.get("TRITON_INTERPRET") == "1")
     return (triton is not None and where and q.shape[1] == k.shape[1] and bias is None
             and q.shape[-1] in (16, 32, 64, 128) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
-
-
-def decayed_attention(q, k, v, *, log_decay=None, slopes=None, bias=None, power=None, scale=None, cu_seqlens=None,
-                      impl: str | None = None):
-    """o [B, Tq, H, D]; see the module docstring. log_decay: c [B, Tk, H]; slopes: ALiBi's m [H]; bias: b_ij
-    broadcastable to [B, H, Tq, Tk] (softmax only, not in the kernel); power: None (softmax) or an even p;
-    scale: default 1/sqrt(D); cu_seqlens: document boundaries of packed input (B = 1).
-    impl: "triton", "torch", or default: the Triton kernel on CUDA when it applies and beats SDPA (any gate, slopes,
-    power or packing, Tq = Tk, no bias, D in 16/32/64/128), SDPA for plain causal softmax, the reference for the
-    power path elsewhere."""
-    _check(q, k, v, log_decay, slopes, power, cu_seqlens)
-    if power is not None and bias is not None:
-        raise ValueError("decayed_attention: an additive bias b_ij needs softmax scores (power=None)")
-    D = q.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if impl is None:
-        special = log_decay is not None or slopes is not None or power is not None or cu_seqlens is not None
-        impl = "triton" if special and _triton_ok(q, k, bias) else "torch"
-    if impl == "triton":
-        if not _triton_ok(q, k, bias, interpreter=True):
-            raise ValueError("decayed_attention: impl='triton' needs CUDA (or TRITON_INTERPRET=1), Tq = Tk, no bias, "
-                             f"D in 16/32/64/128 and a fp32/bf16/fp16 dtype; got D={D}, {q.dtype}, Tq={q.shape[1]}, "
-                             f"Tk={k.shape[1]}, bias={'yes' if bias is not None else 'no'}")
-        c = None if log_decay is None else log_decay.expand(q.shape[0], -1, -1)
-        return _fused(q, k, v, c, slopes, power, scale, cu_seqlens)
-    if impl != "torch":
-        raise ValueError(f"decayed_attention: impl must be 'triton' or 'torch', got {impl!r}")
-    if power is not None:  # explicit scores, in fp32 at least (s^p and exp(c_i - c_j))
-        dt = torch.promote_types(q.dtype, torch.float32)
-        o = decayed_attention_reference(q.to(dt), k.to(dt), v.to(dt), log_decay=log_decay, slopes=slopes,
-                                        power=power, scale=scale, cu_seqlens=cu_seqlens)
-        return o.to(q.dtype)
-    return _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens)

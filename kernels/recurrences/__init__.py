@@ -1,0 +1,69 @@
+"""The linear recurrences of the forget-gate side of the duality, with PyTorch references and FLA dispatch.
+
+All use FLA's layout: q, k [B, T, H, K], v [B, T, H, V], state S [B, H, K, V], o_t = scale * S_t^T q_t.
+
+    gated (GLA family)   S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T          g_t in R^K (log gate, <= 0)
+                         a scalar gate per head is g_t broadcast over K (RetNet: constant, Mamba2: data dependent),
+                         linear attention is g = 0.
+    delta rule           S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T      (g = 0: DeltaNet)
+    gated Oja (seed 001) S_t = (S_{t-1} diag(exp(gv_t))) (I - beta_t v_t v_t^T) + beta_t k_t v_t^T   (value side)
+
+Unrolled, each is sum_j (k_j^T [prod_{s=j+1..t} A_s] q_t) v_j: the product of forget gates is the relative position
+encoding that the dual softmax scheme puts into its scores (seed 000).
+
+`*_recurrent` are the token-by-token definitions (the oracles, and the decoding step). `gated_chunked` and
+`delta_rule_chunked` are exact chunked parallel forms (the CPU training path; gate differences are taken pairwise
+inside chunks of 16, so they are stable).
+`gated`, `delta_rule` and `oja` dispatch (impl=None: FLA on CUDA, the references elsewhere; "fla" or "torch" to
+choose) and take packed documents (B = 1, boundaries cu_seqlens [N + 1]): each document starts from S = 0; FLA's
+varlen kernels on CUDA, the reference per document elsewhere.
+
+    reference.py   the recurrent and chunked forms, from the equations
+    fla.py         flash-linear-attention's chunked kernels
+"""
+
+from __future__ import annotations
+
+from ..varlen import per_document
+from . import fla
+from .reference import delta_rule_chunked, delta_rule_recurrent, gated_chunked, gated_recurrent, oja_recurrent
+
+__all__ = ["delta_rule", "delta_rule_chunked", "delta_rule_recurrent", "gated", "gated_chunked", "gated_recurrent",
+           "oja", "oja_recurrent"]
+
+
+def _use_fla(name: str, q, impl: str | None) -> bool:
+    if impl not in (None, "torch", "fla"):
+        raise ValueError(f"{name}: impl must be None, 'torch' or 'fla', got {impl!r}")
+    if impl == "fla" and not q.is_cuda:
+        raise ValueError(f"{name}: impl='fla' needs CUDA tensors (FLA's kernels are Triton GPU kernels)")
+    return impl == "fla" or (impl is None and q.is_cuda)
+
+
+def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None, impl: str | None = None):
+    """g: [B, T, H, K] (diagonal gate) or [B, T, H, 1] (scalar gate per head), log space."""
+    if _use_fla("gated", q, impl):
+        return fla.gated(q, k, v, g, scale, S0, output_state, cu_seqlens)
+    if cu_seqlens is not None:
+        o = per_document(lambda *a: gated_chunked(*a)[0], cu_seqlens, q, k, v, g.expand(*q.shape[:3], g.shape[-1]),
+                         scale)
+        return o, None
+    return gated_chunked(q, k, v, g, scale, S0)
+
+
+def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seqlens=None, impl: str | None = None):
+    """beta: [B, T, H]; g: [B, T, H] log decay (Gated DeltaNet) or None (DeltaNet)."""
+    if _use_fla("delta_rule", q, impl):
+        return fla.delta_rule(q, k, v, beta, scale, g, S0, output_state, cu_seqlens)
+    if cu_seqlens is not None:
+        return per_document(lambda *a: delta_rule_chunked(*a)[0], cu_seqlens, q, k, v, beta, scale, g), None
+    return delta_rule_chunked(q, k, v, beta, scale, g, S0)
+
+
+def oja(q, k, v, gv, beta, scale, S0=None, output_state=False, cu_seqlens=None, impl: str | None = None):
+    """gv: [B, T, H, V] log gate on the value side; beta: [B, T, H]."""
+    if _use_fla("oja", q, impl):
+        return fla.oja(q, k, v, gv, beta, scale, S0, output_state, cu_seqlens)
+    if cu_seqlens is not None:
+        return per_document(lambda *a: oja_recurrent(*a)[0], cu_seqlens, q, k, v, gv, beta, scale), None
+    return oja_recurrent(q, k, v, gv, beta, scale, S0)

@@ -1,0 +1,39 @@
+"""PaTH attention (kernels/path_attention/): the T-sweep scores equal the explicit Householder products, the
+reference equals the formula with a FoX gate, and the dispatch convention. FLA's kernel: tests/test_gpu.py."""
+
+import pytest
+import torch
+from conftest import householder_product_scores, qkv
+
+from duality.kernels.path_attention import path_attention, path_attention_reference, path_scores
+
+
+def test_path_scores_equal_the_householder_products():
+    q, k, _ = qkv(B=1, T=9, H=2, D=4)
+    w = torch.nn.functional.normalize(torch.randn(1, 9, 2, 4), dim=-1)
+    beta = 2 * torch.rand(1, 9, 2)
+    torch.testing.assert_close(path_scores(q, k, w, beta), householder_product_scores(q, k, w, beta))
+
+
+def test_path_attention_reference_with_fox_gate_matches_formula():
+    q, k, v = qkv(B=1, T=7, H=2, D=4)
+    w = torch.nn.functional.normalize(torch.randn(1, 7, 2, 4), dim=-1)
+    beta, f = 2 * torch.rand(1, 7, 2), torch.nn.functional.logsigmoid(torch.randn(1, 7, 2))
+    c = torch.cumsum(f, 1)
+    s = householder_product_scores(q, k, w, beta) / 2 + (c.transpose(1, 2)[..., :, None] - c.transpose(1, 2)[..., None, :])
+    s = s.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v)
+    torch.testing.assert_close(path_attention_reference(q, k, v, w, beta, c, scale=0.5), ref)
+
+
+def test_dispatch_convention():
+    q, k, v = qkv(B=1, T=6, H=2, D=4)
+    w = torch.nn.functional.normalize(torch.randn(1, 6, 2, 4), dim=-1)
+    beta = torch.rand(1, 6, 2)
+    ref = path_attention_reference(q, k, v, w, beta, None, scale=0.5)
+    torch.testing.assert_close(path_attention(q, k, v, w, beta, scale=0.5), ref)
+    torch.testing.assert_close(path_attention(q, k, v, w, beta, scale=0.5, impl="torch"), ref)
+    with pytest.raises(ValueError, match="impl='fla' needs CUDA"):
+        path_attention(q, k, v, w, beta, impl="fla")
+    with pytest.raises(ValueError, match="impl must be None, 'torch' or 'fla'"):
+        path_attention(q, k, v, w, beta, impl="chunked")
