@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
-if not torch.cuda.is_available():  # the project's Triton kernels run in Triton's interpreter on a CPU (tests/kernels/test_rotary.py)
+# without a GPU the project's Triton kernels run in Triton's interpreter (tests/kernels/test_rotary.py)
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

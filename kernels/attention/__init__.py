@@ -20,14 +20,15 @@ Tk key positions, [B, Tk, H] (the queries use its last Tq entries). `cu_seqlens`
 packed batch (B = 1, Tq = Tk): no token attends across a boundary.
 
 Three implementations of the same function:
-- `decayed_attention_reference`: the formula with explicit T x T scores (CPU path for sympow, test oracle).
-- a flash-style Triton kernel, forward and backward, memory linear in T: each program holds a block of queries (or,
-  in the backward, of keys) and streams the other side through on-chip memory. The softmax path keeps the online
-  max (exp2 with log2 e folded in); the power path needs no exponent and no running max: s^p is a product, an fp32
-  accumulator holds it for |s| up to ~10^9, and bf16 (the operand of the p.v product) has fp32's range. Away from
-  the diagonal the power path's gate factorises, exp(c_i - c_j) = exp(c_i - c_r) exp(c_r - c_j) with r the block's
-  last key (both factors <= 1), so it costs one multiply per score instead of an exponential. The interpreter runs
-  the kernel on a CPU when TRITON_INTERPRET=1 (how CI tests it).
+- `decayed_attention_reference` (reference.py, beside the SDPA path): the formula with explicit T x T scores (CPU
+  path for sympow, test oracle).
+- a flash-style Triton kernel (kernel.py), forward and backward, memory linear in T: each program holds a block of
+  queries (or, in the backward, of keys) and streams the other side through on-chip memory. The softmax path keeps
+  the online max (exp2 with log2 e folded in); the power path needs no exponent and no running max: s^p is a
+  product, an fp32 accumulator holds it for |s| up to ~10^9, and bf16 (the operand of the p.v product) has fp32's
+  range. Away from the diagonal the power path's gate factorises, exp(c_i - c_j) = exp(c_i - c_r) exp(c_r - c_j)
+  with r the block's last key (both factors <= 1), so it costs one multiply per score instead of an exponential. The
+  interpreter runs the kernel on a CPU when TRITON_INTERPRET=1 (how CI tests it).
 - `decayed_attention`: the entry point. On CUDA the Triton kernel whenever there is a gate, slopes, a power or
   packed documents; plain causal softmax goes to torch's SDPA (cuDNN / FlashAttention); elsewhere the reference or
   SDPA with an explicit mask.

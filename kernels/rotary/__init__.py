@@ -15,14 +15,15 @@ Because R(a)^T R(b) = R(b - a), <rot(q, phi_i), rot(k, phi_j)> = q^T R(phi_j - p
 angle accumulated between j and i: the rotation is the dual of the complex forget gate exp(i Omega) of a linear
 recurrence (seed 000, section 4). `tests/test_duality.py` checks that equality.
 
-Three implementations of the same function live here:
-- `cumulative_rotation_reference`: PyTorch, from the equations (CPU path and test oracle, any dtype incl. float64).
-- a fused Triton kernel (CUDA path; the interpreter runs it on CPU when TRITON_INTERPRET=1). torch.compile cannot
-  fuse a cumulative sum with what follows it, so the prelude costs several passes over q and k; the kernel reads
-  q, k and the increments once and writes q and k once, in one launch. Each program takes a chunk of BT tokens of
-  one head, publishes its chunk total, and finds the total of all earlier chunks of its document by decoupled
-  look-back (Merrill & Garland 2016) over the totals the others publish; programs take chunks in the order of an
-  atomic ticket, so a program only ever waits on chunks already running. The backward pass does the same from
+Three implementations of the same function:
+- `cumulative_rotation_reference` (reference.py): PyTorch, from the equations (CPU path and test oracle, any
+  dtype incl. float64).
+- a fused Triton kernel (kernel.py; CUDA path; the interpreter runs it on CPU when TRITON_INTERPRET=1).
+  torch.compile cannot fuse a cumulative sum with what follows it, so the prelude costs several passes over q and k;
+  the kernel reads q, k and the increments once and writes q and k once, in one launch. Each program takes a chunk
+  of BT tokens of one head, publishes its chunk total, and finds the total of all earlier chunks of its document by
+  decoupled look-back (Merrill & Garland 2016) over the totals the others publish; programs take chunks in the order
+  of an atomic ticket, so a program only ever waits on chunks already running. The backward pass does the same from
   the last chunk to the first: the increment gradient is a reverse cumulative sum of dL/dphi.
 - `cumulative_rotation`: the autograd-aware entry point; Triton on CUDA, the reference elsewhere.
 """

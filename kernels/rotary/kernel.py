@@ -18,8 +18,6 @@ from ..varlen import chunk_table
 if triton is not None:
     from ..varlen import chunk as _chunk
 
-# ----------------------------------------------------------------------------------------------------- Triton
-
 if triton is not None:
     @triton.jit
     def _look_back(flags, agg, inc, j, stop, step, cols, BD: tl.constexpr):
