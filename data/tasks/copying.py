@@ -31,19 +31,24 @@ def symbols(vocab_size: int) -> list[str]:
     return letters[:vocab_size] + ["<bos>", "<copy>", "<eos>", "<pad>"]
 
 
+def _example(i, L, letter, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The token at place i of an example <bos> s_1..s_L <copy> s_1..s_L <eos> (<pad> after it), and whether it is
+    scored (s_1..s_L and <eos> after <copy>). letter(j): the example's letter s_{j+1} (j may be out of range where
+    the token is no letter)."""
+    bos, copy, eos, pad = vocab_size, vocab_size + 1, vocab_size + 2, vocab_size + 3
+    s = letter(np.where(i <= L, i - 1, i - L - 2))
+    seq = np.where(i == 0, bos, np.where(i == L + 1, copy, np.where(i == 2 * L + 2, eos,
+                                                                    np.where(i > 2 * L + 2, pad, s))))
+    return seq, (i >= L + 2) & (i <= 2 * L + 2)
+
+
 def generate(rng, lengths: np.ndarray, vocab_size: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """One example per entry of lengths, as inputs/targets of `width` tokens."""
-    n, V = len(lengths), vocab_size
-    bos, copy, eos, pad = V, V + 1, V + 2, V + 3
-    L = lengths[:, None]
+    letters = rng.integers(0, vocab_size, size=(len(lengths), int(lengths.max())))
     pos = np.arange(width + 1)[None, :]  # the full sequence is width + 1 tokens: inputs = [:-1], targets = [1:]
-    letters = rng.integers(0, V, size=(n, int(lengths.max())))
-    first = np.take_along_axis(letters, np.clip(pos - 1, 0, letters.shape[1] - 1), 1)  # s_i at 1 + i
-    second = np.take_along_axis(letters, np.clip(pos - L - 2, 0, letters.shape[1] - 1), 1)  # at L + 2 + i
-    seq = np.where(pos == 0, bos, np.where(pos <= L, first, np.where(pos == L + 1, copy,
-                   np.where(pos <= 2 * L + 1, second, np.where(pos == 2 * L + 2, eos, pad)))))
-    scored = (pos[:, 1:] >= L + 2) & (pos[:, 1:] <= 2 * L + 2)  # targets s_1 .. s_L, <eos>
-    return seq[:, :-1], np.where(scored, seq[:, 1:], -1)
+    seq, scored = _example(pos, lengths[:, None], lambda j: np.take_along_axis(
+        letters, j.clip(0, letters.shape[1] - 1), 1), vocab_size)
+    return seq[:, :-1], np.where(scored[:, 1:], seq[:, 1:], -1)  # token t is the target at position t - 1
 
 
 def packed(rngs: list, width: int, lo: int, hi: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,13 +64,11 @@ def packed(rngs: list, width: int, lo: int, hi: int, vocab_size: int) -> tuple[n
     marks[r, ends[r, c]] = 1
     ex = np.cumsum(marks[:, :-1], 1)  # [rows, width + 1]: the example each token belongs to
     at = lambda a: np.take_along_axis(a, ex, 1)  # noqa: E731  (per-example values, per token)
-    Le, i = at(L), np.arange(width + 1)[None, :] - at(ends - (2 * L + 3))  # its length; the token's place in it
-    off = at(np.cumsum(L, 1) - L)  # where its letters start in s
-    letter = np.take_along_axis(s, np.where(i <= Le, off + i - 1, off + i - Le - 2).clip(0, s.shape[1] - 1), 1)
-    bos, copy, eos = vocab_size, vocab_size + 1, vocab_size + 2
-    seq = np.where(i == 0, bos, np.where(i == Le + 1, copy, np.where(i == 2 * Le + 2, eos, letter)))
-    scored = (i >= Le + 2) & (i <= 2 * Le + 2) & (at(ends) <= width + 1)  # the copy and <eos> of whole examples
-    return seq[:, :-1], np.where(scored[:, 1:], seq[:, 1:], -1)  # token t is the target at position t - 1
+    off = at(np.cumsum(L, 1) - L)  # where each token's example has its letters in s
+    seq, scored = _example(np.arange(width + 1)[None, :] - at(ends - (2 * L + 3)), at(L),
+                           lambda j: np.take_along_axis(s, (off + j).clip(0, s.shape[1] - 1), 1), vocab_size)
+    scored &= at(ends) <= width + 1  # the example cut off at the end: nothing scored
+    return seq[:, :-1], np.where(scored[:, 1:], seq[:, 1:], -1)
 
 
 def build(cfg: dict) -> TaskData:
