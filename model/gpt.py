@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .core.context import TRAINING, Context, LayerState
-from .core.layers import residual_linear
+from .core.layers import residual_linear, swiglu_linear
 from .pe.sinusoidal import sinusoid_table
 
 
@@ -104,7 +104,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         a, b = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(a) * b)
+        return swiglu_linear(a, b, self.w2.weight)
 
 
 class Block(nn.Module):

@@ -48,7 +48,7 @@ from duality.trainer.logger import peak_flops  # noqa: E402
 from duality.trainer.optim import make_optimizer, train_step  # noqa: E402
 
 # size: (model config, tokens per micro-batch = B x T, vocabulary: GPT-2's padded / seed 004's 32k)
-SETTINGS = {"124m": ("124m", 32 * 1024, 50304), "370m": ("370m", 8 * 4096, 32000)}
+SETTINGS = {"124m": ("124m", 32 * 1024, 50304), "370m": ("370m", 8 * 4096, 32000), "1_3b": ("1_3b", 8 * 4096, 32000)}
 # backbone + scheme (Hydra overrides); the first is the baseline of the ratios
 CASES = {
     "transformer+rope": ["backbone=transformer", "pe=rope"],

@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import compose, metrics_rows, tiny_overrides
 
 from duality import train as train_lib
@@ -79,7 +80,8 @@ def test_what_each_mode_recomputes():
     mm = {mode: sum(n for op, n in ops.items() if op in ("mm", "addmm", "bmm")) for mode, ops in counts.items()}
     silu = {mode: ops.get("silu", 0) for mode, ops in counts.items()}
     assert mm["selective"] == mm["none"] < mm["full"], mm
-    assert silu["none"] == 0 and silu["full"] == silu["selective"] == 4, silu  # one SwiGLU per block, run again
+    # one SwiGLU per block: its backward forms silu(a) again (swiglu_linear), and checkpointing runs its forward again
+    assert silu["none"] == 4 and silu["full"] == silu["selective"] == 8, silu
 
 
 def test_activation_checkpointing_under_torch_compile():
@@ -199,3 +201,85 @@ def test_nonfinite_skip_leaves_the_weights_and_counts_the_steps(tmp_path, data_c
     ck = torch.load(tmp_path / "checkpoints" / "step_0000006.pt", weights_only=False)
     assert ck["nonfinite_skipped"] == 2
     assert {s["step"].item() for s in ck["optimizer"]["state"].values()} == {4.0}  # 6 steps, 2 not taken
+
+
+def _saved_elements(fn, *args):
+    """The elements of the storages autograd keeps for backward while fn(*args) runs forward (each storage counted
+    once, as the allocator holds it), and fn's output."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    return sum(seen.values()), out
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_swiglu_keeps_only_its_inputs_and_gives_autograds_gradients(compiled):
+    """swiglu_linear = (silu(a) * b) W^T: the plain gradients (float64, awkward shapes), and backward keeps the
+    [N, 2 x hidden] projection that a and b are halves of and W, never silu(a) or the product (eager: its
+    autograd.Function; compiled: the min-cut partitioner that Inductor uses, told to recompute the product)."""
+    from duality.model.core.layers import swiglu_linear
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 5, dtype=torch.float64)
+    w13 = torch.randn(2 * 11, 5, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(5, 11, dtype=torch.float64, requires_grad=True)
+
+    def fused(x, w13, w2):
+        a, b = (x @ w13.t()).chunk(2, -1)
+        return swiglu_linear(a, b, w2)
+
+    def plain(x, w13, w2):
+        a, b = (x @ w13.t()).chunk(2, -1)
+        return (F.silu(a) * b) @ w2.t()
+
+    torch._dynamo.reset()
+    run = torch.compile(fused, backend="aot_eager_decomp_partition", fullgraph=True) if compiled else fused
+    saved, y = _saved_elements(run, x, w13, w2)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (w13, w2), dy)
+    ref = plain(x, w13, w2)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    for g, r in zip(grads, torch.autograd.grad(ref, (w13, w2), dy)):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    N = 3 * 7
+    assert saved == N * 5 + N * 22 + 5 * 11  # x, x W_13^T (a and b are its halves), W_2
+    assert _saved_elements(plain, x, w13, w2)[0] == saved + 2 * N * 11  # and silu(a), silu(a) * b
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("with_gate", [True, False])
+def test_gated_output_norm_keeps_o_and_the_gate_and_gives_the_plain_gradients(with_gate, compiled):
+    """GatedOutput's fused norm-gate against nn.RMSNorm(o) * silu(gate) written out (float64, a random norm weight,
+    3 heads of 5): equal outputs and gradients of o, gate and every weight, and backward keeps o, the gate, the
+    weights and 1/rms per head, where the plain modules keep the normalised o too (under autocast, fp32 copies).
+    Compiled too (the partitioner Inductor uses): torch 2.11 once compiled this Function to zero gradients."""
+    from duality.model.core.layers import OUTPUT_NORM_EPS, GatedOutput
+    torch.manual_seed(0)
+    B, T, H, D = 2, 7, 3, 5
+    out = GatedOutput(11, H, D).double()
+    with torch.no_grad():
+        out.norm.weight.normal_()
+    o = torch.randn(B, T, H, D, dtype=torch.float64, requires_grad=True)
+    gate = torch.randn(B, T, H * D, dtype=torch.float64, requires_grad=True) if with_gate else None
+
+    def plain(o, gate):
+        n = F.rms_norm(o, (D,), out.norm.weight, OUTPUT_NORM_EPS).reshape(B, T, H * D)
+        return out.o_proj(n * F.silu(gate) if gate is not None else n)
+
+    torch._dynamo.reset()
+    saved, y = _saved_elements(torch.compile(out, backend="aot_eager_decomp_partition") if compiled else out, o, gate)
+    ref = plain(o, gate)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(y)
+    inputs = [o, out.norm.weight, out.o_proj.weight] + ([gate] if with_gate else [])
+    for g, r in zip(torch.autograd.grad(y, inputs, dy), torch.autograd.grad(ref, inputs, dy)):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    N = B * T * H * D
+    # o, the gate, 1/rms, the norm weight, the o_proj input and weight (compiled: the partitioner may keep less)
+    assert saved <= N + (N if with_gate else 0) + B * T * H + D + N + 11 * H * D
+    assert compiled or saved == N + (N if with_gate else 0) + B * T * H + D + N + 11 * H * D
+    assert _saved_elements(plain, o, gate)[0] >= saved + N  # at least the normalised o (fp64: no upcast copies)

@@ -51,7 +51,7 @@ def test_compose_every_combination():
                 check_config(cfg)
 
 
-@pytest.mark.parametrize("size,vocab,expect", [("124m", 50304, 124e6), ("370m", 32000, 370e6)])
+@pytest.mark.parametrize("size,vocab,expect", [("124m", 50304, 124e6), ("370m", 32000, 370e6), ("1_3b", 32000, 1.36e9)])
 def test_model_sizes(size, vocab, expect):
     cfg = compose([f"model={size}"])
     with torch.device("meta"):

@@ -56,7 +56,7 @@ class _DeltaNet(Mixer):
         g = self.decay(a) if self.gated else None
         q, k = self.rotate_qk(q, k, x, ctx)
         o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), ctx)
-        return self.out(o.to(x.dtype), gate if self.output_gate else None)
+        return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):
         return self.decay(self.in_proj(x).split(self.sizes, -1)[2]) if self.gated else None

@@ -60,7 +60,7 @@ class GLA(Mixer):
         g = self.g_up(g_low)
         q, k = self.rotate_qk(q, k, x, ctx)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), ctx)
-        return self.out(o.to(x.dtype), gate if self.output_gate else None)
+        return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):
         return self.g_up(self.in_proj(x).split(self.sizes, -1)[3]).mean(-1)

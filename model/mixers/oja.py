@@ -48,7 +48,7 @@ class GatedOja(Mixer):
         beta = torch.sigmoid(up(b))
         q, k = self.rotate_qk(q, k, x, ctx)
         o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), ctx)
-        return self.out(o.to(x.dtype), gate if self.output_gate else None)
+        return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):
         return self.g_up(self.in_proj(x).split(self.sizes, -1)[1]).mean(-1)

@@ -45,7 +45,7 @@ class _ScalarDecay(Mixer):
         g = self._log_gate(a, T)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
         q, k = self.rotate_qk(q, k, x, ctx)
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), ctx)
-        return self.out(o.to(x.dtype), gate if self.output_gate else None)
+        return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):
         return self._log_gate(self.in_proj(x).split(self.sizes, -1)[1], x.shape[1])
