@@ -10,3 +10,13 @@ try:
     _install_tuned_configs()
 except ImportError:  # no Triton (a CPU machine without it): nothing autotunes
     pass
+
+
+def use_fla(name: str, q, impl: str | None) -> bool:
+    """The ops that wrap FLA's kernels (recurrences, PaTH) share one impl convention: None (FLA on CUDA, the
+    PyTorch reference elsewhere), "fla" or "torch"."""
+    if impl not in (None, "torch", "fla"):
+        raise ValueError(f"{name}: impl must be None, 'torch' or 'fla', got {impl!r}")
+    if impl == "fla" and not q.is_cuda:
+        raise ValueError(f"{name}: impl='fla' needs CUDA tensors (FLA's kernels are Triton GPU kernels)")
+    return impl == "fla" or (impl is None and q.is_cuda)

@@ -9,6 +9,8 @@
     python scripts/bench_train.py --merge docs/throughput/bench_train_370m.json docs/throughput/bench_train.json \
         --run I --note "what changed"             # add a run to a history of runs, and redraw its table and plot
     python scripts/bench_train.py --summary docs/throughput/bench_train_{124m,370m}.json   # the README's table
+    python scripts/bench_train.py --vs-fla docs/memory/fla_peers_370m_4096_h100.json \
+        docs/memory/fused_370m_4096_h100.json     # this repo vs FLA's own models (later files win), the README's
 
 A step is what train.py's loop runs (`train.train_step`): forward, backward, gradient clipping, fused AdamW, on one
 micro-batch of random tokens already on the GPU, bf16 autocast. Reported: ms per step (median of --steps after
@@ -344,6 +346,58 @@ def summary(histories) -> str:
     return "\n".join(lines)
 
 
+def load_rows(path: Path) -> list[tuple[str, dict]]:
+    """(where it was measured, row) for every row of a bench_train JSON: a run ({"rows"}), a history (--merge), or
+    a record of several device calls ({"calls": [{"call", "rows"}]}, docs/memory); rows marked `valid: false`
+    (measured before a fix) are left out."""
+    data = json.loads(Path(path).read_text())
+    name = Path(path).name
+    if isinstance(data, list):
+        pairs = [(name, r) for r in data]
+    elif "calls" in data:
+        pairs = [(f"{name} {c['call']}", r) for c in data["calls"] for r in c["rows"]]
+    else:
+        pairs = [(f"{name} run {r['run']}" if "run" in r else name, r) for r in data["rows"]]
+    return [(src, r) for src, r in pairs if r.get("valid", True)]
+
+
+def vs_fla(paths) -> str:
+    """This repo's models against FLA's own of the same kind (FLA_CASES), from bench_train JSON files: each case's
+    latest row (later files and rows replace earlier ones), ours compiled and eager, FLA's eager (its best mode:
+    compiled, its models were slower or failed, docs/memory); speed = FLA's ms / ours compiled, memory = ours
+    compiled peak / FLA's. The issue's goals: memory <= 1.00x at speed >= 1.30x."""
+    latest = {}
+    for path in paths:
+        for src, r in load_rows(path):
+            latest[key(r)] = (src, r)
+
+    def cell(entry):
+        if entry is None:
+            return "not measured"
+        r = entry[1]
+        if "error" in r:
+            return "out of memory" if "OutOfMemory" in r["error"] else "failed"
+        return f"{r['ms']:.1f} / {r['peak_mem_gib']:.1f}"
+    lines = ["| kind | this repo, compiled: ms / peak GiB | this repo, eager | FLA's model, eager | speed / memory vs "
+             "FLA | goals met (speed / memory) | measured in |", "|---|---:|---:|---:|---:|---|---|"]
+    settings = sorted({(k[1], k[2]) for k in latest})
+    for size, seq in settings:
+        for peer, (_, _, ours) in FLA_CASES.items():
+            fla, comp, eager = (latest.get((c, size, seq, m)) for c, m in ((peer, False), (ours, True), (ours, False)))
+            if fla is None or (comp is None and eager is None):
+                continue
+            ratios, goals = "", ""
+            if comp and "error" not in comp[1] and "error" not in fla[1]:
+                speed, mem = fla[1]["ms"] / comp[1]["ms"], comp[1]["peak_mem_gib"] / fla[1]["peak_mem_gib"]
+                ratios = f"{speed:.2f}x / {mem:.2f}x"
+                goals = f"{'yes' if speed >= 1.3 else 'no'} / {'yes' if mem <= 1.0 else 'no'}"
+            sources = dict.fromkeys(e[0] for e in (comp, eager, fla) if e)
+            where = "one call: " + next(iter(sources)) if len(sources) == 1 else "; ".join(sources)
+            lines.append(f"| {ours} vs `{peer}` ({size}/{seq}) | {cell(comp)} | {cell(eager)} | {cell(fla)} | "
+                         f"{ratios} | {goals} | {where} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", nargs="+", default=["124m:1024", "370m:4096"], help="size:context")
@@ -367,7 +421,11 @@ def main():
     ap.add_argument("--note", default="", help="--merge: what the run measured (code, Triton version, ...)")
     ap.add_argument("--summary", nargs="+", metavar="HISTORY", help="print one table of the latest rows of these "
                     "histories (the README's)")
+    ap.add_argument("--vs-fla", nargs="+", metavar="JSON", type=Path, help="print the table of this repo's models "
+                    "against FLA's own from these bench_train JSON files (the README's)")
     args = ap.parse_args()
+    if args.vs_fla:
+        return print(vs_fla(args.vs_fla))
     if args.summary:
         return print(summary(args.summary))
     if args.merge:
@@ -420,6 +478,8 @@ def main():
     (out / f"bench_train{args.tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     partial.unlink(missing_ok=True)  # rows so far, for a run cut short
     md = f"{meta['device']}, {meta['date']}, torch {meta['torch']}: `{meta['command']}`\n\n" + table(rows) + "\n"
+    if any(r["case"] in FLA_CASES for r in rows):  # FLA's models measured in this run: the comparison beside
+        md += "\n" + vs_fla([out / f"bench_train{args.tag}.json"]) + "\n"
     (out / f"bench_train{args.tag}.md").write_text(md)
     plot(rows, out / f"bench_train{args.tag}.png")
     print(md)

@@ -3,7 +3,8 @@
 #   bash scripts/memory_gpu.sh OUT saved     # what each model keeps for backward, by module (saved_activations.py):
 #                                            # this repo's GLA, FoX, transformer vs FLA's GLA, FoX and nanoGPT's
 #   bash scripts/memory_gpu.sh OUT ac        # 370m/4096 compiled, activation checkpointing none | full | selective
-#   bash scripts/memory_gpu.sh OUT fla       # this repo (compiled and eager) vs FLA's own models (eager), 370m/4096
+#   bash scripts/memory_gpu.sh OUT fla       # this repo (compiled and eager) vs FLA's own models (eager), 370m/4096,
+#                                            # and their table (OUT/vs_fla.md: speed and memory ratios, the goals)
 #   bash scripts/memory_gpu.sh OUT longest   # one step of 65,536 tokens at contexts 65,536 and 16,384, full
 #                                            # checkpointing and the chunked loss, compiled, each main backbone
 # CASES overrides a part's cases; bench_train.py's --resume keeps the rows of a part cut short (run it again).
@@ -25,7 +26,8 @@ case $WHAT in
     "${bench[@]}" --settings 370m:4096 --compile off --tag _fla_peers \
       --cases ${CASES:-fla:gla fla:gated_deltanet fla:forgetting_transformer fla:delta_net fla:retnet fla:linear_attn fla:path_attn}
     "${bench[@]}" --settings 370m:4096 --compile both --tag _fla_ours \
-      --cases ${CASES:-gla+nope gated_deltanet+nope fox+nope deltanet+nope retnet+nope linear_attn+nope path+nope} ;;
+      --cases ${CASES:-gla+nope gated_deltanet+nope fox+nope deltanet+nope retnet+nope linear_attn+nope path+nope}
+    python scripts/bench_train.py --vs-fla "$OUT"/bench_train_fla_{peers,ours}.json | tee "$OUT/vs_fla.md" ;;
   longest)
     python scripts/bench_train.py --out "$OUT" --resume --steps 3 --warmup 1 --settings 370m:65536 370m:16384 \
       --tokens 65536 --compile on --tag _longest \

@@ -107,3 +107,28 @@ def test_fla_peers_have_this_repos_shape(case):
 def test_activation_checkpointing_reaches_the_cases():
     model, _ = bench_train.build("gla+nope", "tiny", 32, 128, ["train.activation_checkpointing=full"])
     assert {b.checkpointing for b in model.blocks} == {"full"}
+
+
+def test_vs_fla_table_from_runs_and_call_records(tmp_path):
+    """--vs-fla: each case's latest valid row across files (a run's {"rows"} and docs/memory's {"calls"}), the
+    ratios FLA ms / ours compiled ms and ours GiB / FLA GiB, the goals, failures named, and where each row came from."""
+    def row(case, compile, ms, gib, **kw):
+        return {"case": case, "size": "370m", "seq_len": 4096, "compile": compile, "ms": ms, "peak_mem_gib": gib, **kw}
+    peers = tmp_path / "peers.json"
+    peers.write_text(json.dumps({"rows": [row("fla:gla", False, 260.0, 40.0), row("fla:retnet", False, 200.0, 40.0),
+                                          row("fla:delta_net", False, 100.0, 10.0)]}))
+    ours = tmp_path / "ours.json"
+    ours.write_text(json.dumps({"calls": [
+        {"call": "r1", "rows": [row("gla+nope", True, 999.0, 99.0), row("retnet+nope", True, 150.0, 44.0),
+                                {"case": "gla+nope", "size": "370m", "seq_len": 4096, "compile": False,
+                                 "error": "OutOfMemoryError: CUDA out of memory"}]},
+        {"call": "r2", "rows": [row("gla+nope", True, 200.0, 38.0), row("retnet+nope", True, 1.0, 1.0, valid=False),
+                                row("fla:gla", False, 250.0, 40.0)]}]}))
+    lines = bench_train.vs_fla([peers, ours]).splitlines()
+    cells = {r.split(" ")[1]: [c.strip() for c in r.strip("|").split("|")[1:]] for r in lines[2:]}
+    assert cells["gla+nope"] == ["200.0 / 38.0", "out of memory", "250.0 / 40.0", "1.25x / 0.95x", "no / yes",
+                                     "ours.json r2; ours.json r1"]
+    # the invalid r2 row is left out
+    assert cells["retnet+nope"] == ["150.0 / 44.0", "not measured", "200.0 / 40.0", "1.33x / 1.10x", "yes / no",
+                                    "ours.json r1; peers.json"]
+    assert set(cells) == {"gla+nope", "retnet+nope"}  # a peer without this repo's row: no comparison

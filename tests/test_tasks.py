@@ -337,6 +337,9 @@ def test_config_errors():
         check_config(compose(["data=parity", "model.seq_len=64"]))
     with pytest.raises(ConfigError, match="train.epochs counts passes"):
         check_config(compose(["train.epochs=3"]))
+    with pytest.raises(ConfigError, match=r"train.steps=300 and train.epochs=100 both set the budget; .* "
+                                          r"\(e.g. train.epochs=null train.steps=300\)"):
+        check_config(compose(["task=state_tracking", "train.steps=300"]))  # the task sets epochs
     with pytest.raises(ConfigError, match="batch_size=32 is not a multiple"):
         check_config(compose(["task=mqar", "train.batch_size=32", "train.micro_batch=24"]))
     for name in ("mqar", "copying", "state_tracking", "mad"):
@@ -372,7 +375,7 @@ def test_easy_mqar_is_learned_and_evaluated(tmp_path):
 @pytest.mark.slow
 def test_sweep_then_collect(tmp_path):
     """`python train.py -m sweep=parity` (made tiny) and scripts/collect_sweep.py's table, CSV and figure."""
-    tiny = ["train.steps=3", "data.train_examples=64", "data.test_examples=8", "model.d_model=32",
+    tiny = ["train.epochs=null", "train.steps=3", "data.train_examples=64", "data.test_examples=8", "model.d_model=32",
             "train.batch_size=8", "train.micro_batch=8", "logger.mode=disabled", "train.progress=false",
             "train.device=cpu", "data.eval_len=160", "model.n_heads=2", "seed=0"]
     r = subprocess.run([sys.executable, "train.py", "-m", "sweep=parity", "backbone=gla", "pe=nope,selective_rope",

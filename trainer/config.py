@@ -58,7 +58,10 @@ def check_config(cfg, world: int = 1) -> dict:
                 f"world_size = {t.micro_batch} x {seq} x {world} = {per_micro}; e.g. global_batch_tokens="
                 f"{max(1, round(t.global_batch_tokens / per_micro)) * per_micro}")
         accum, batch_tokens = t.global_batch_tokens // per_micro, t.global_batch_tokens
-    if t.get("epochs") and t.steps is None and not is_task(cfg.data):
+    if t.get("epochs") and t.steps is not None:  # both given, one would be ignored without a word
+        raise ConfigError(f"train.steps={t.steps} and train.epochs={t.epochs} both set the budget; keep one and set "
+                          f"the other to null (e.g. train.epochs=null train.steps={t.steps})")
+    if t.get("epochs") and not is_task(cfg.data):
         raise ConfigError("train.epochs counts passes over a synthetic task's examples; for text use train.tokens "
                           "or train.steps")
     steps = t.steps if t.steps is not None else (None if t.get("epochs") else int(t.tokens // batch_tokens))

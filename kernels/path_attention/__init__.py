@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from .. import use_fla
 from ..attention import cumulative_log_decay
 from . import fla
 from .reference import householder, path_attention_reference, path_scores
@@ -28,12 +29,8 @@ __all__ = ["householder", "path_attention", "path_attention_reference", "path_sc
 
 def path_attention(q, k, v, w, beta, log_gate=None, scale=None, impl: str | None = None):
     """log_gate: per-token log forget gate [B, T, H] (its cumulative sum is the FoX log-decay), or None."""
-    if impl not in (None, "torch", "fla"):
-        raise ValueError(f"path_attention: impl must be None, 'torch' or 'fla', got {impl!r}")
-    if impl == "fla" and not q.is_cuda:
-        raise ValueError("path_attention: impl='fla' needs CUDA tensors")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if impl == "fla" or (impl is None and q.is_cuda):
+    if use_fla("path_attention", q, impl):
         return fla.path_attention(q, k, v, w, beta, log_gate, scale)
     c = None if log_gate is None else cumulative_log_decay(log_gate)
     return path_attention_reference(q, k, v, w, beta, c, scale)

@@ -24,6 +24,7 @@ varlen kernels on CUDA, the reference per document elsewhere.
 
 from __future__ import annotations
 
+from .. import use_fla
 from ..varlen import per_document
 from . import fla
 from .reference import delta_rule_chunked, delta_rule_recurrent, gated_chunked, gated_recurrent, oja_recurrent
@@ -32,17 +33,9 @@ __all__ = ["delta_rule", "delta_rule_chunked", "delta_rule_recurrent", "gated", 
            "oja", "oja_recurrent"]
 
 
-def _use_fla(name: str, q, impl: str | None) -> bool:
-    if impl not in (None, "torch", "fla"):
-        raise ValueError(f"{name}: impl must be None, 'torch' or 'fla', got {impl!r}")
-    if impl == "fla" and not q.is_cuda:
-        raise ValueError(f"{name}: impl='fla' needs CUDA tensors (FLA's kernels are Triton GPU kernels)")
-    return impl == "fla" or (impl is None and q.is_cuda)
-
-
 def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None, impl: str | None = None):
     """g: [B, T, H, K] (diagonal gate) or [B, T, H, 1] (scalar gate per head), log space."""
-    if _use_fla("gated", q, impl):
+    if use_fla("gated", q, impl):
         return fla.gated(q, k, v, g, scale, S0, output_state, cu_seqlens)
     if cu_seqlens is not None:
         o = per_document(lambda *a: gated_chunked(*a)[0], cu_seqlens, q, k, v, g.expand(*q.shape[:3], g.shape[-1]),
@@ -53,7 +46,7 @@ def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None, impl:
 
 def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seqlens=None, impl: str | None = None):
     """beta: [B, T, H]; g: [B, T, H] log decay (Gated DeltaNet) or None (DeltaNet)."""
-    if _use_fla("delta_rule", q, impl):
+    if use_fla("delta_rule", q, impl):
         return fla.delta_rule(q, k, v, beta, scale, g, S0, output_state, cu_seqlens)
     if cu_seqlens is not None:
         return per_document(lambda *a: delta_rule_chunked(*a)[0], cu_seqlens, q, k, v, beta, scale, g), None
@@ -62,7 +55,7 @@ def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seq
 
 def oja(q, k, v, gv, beta, scale, S0=None, output_state=False, cu_seqlens=None, impl: str | None = None):
     """gv: [B, T, H, V] log gate on the value side; beta: [B, T, H]."""
-    if _use_fla("oja", q, impl):
+    if use_fla("oja", q, impl):
         return fla.oja(q, k, v, gv, beta, scale, S0, output_state, cu_seqlens)
     if cu_seqlens is not None:
         return per_document(lambda *a: oja_recurrent(*a)[0], cu_seqlens, q, k, v, gv, beta, scale), None
