@@ -59,7 +59,8 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
     info = data_lib.prepare(data_cfg, progress=False, tokenizer=tok)
     windows = info.windows("val", seq_len, shuffle=False)
     n = min(len(windows), max(1, n_tokens // seq_len))
-    loss = validation_loss(model, windows, n, micro_batch, device, autocast, 0, 1, tok.eot_id if doc_boundaries else None)
+    loss = validation_loss(model, windows, n, micro_batch, device, autocast, 0, 1,
+                           tok.eot_id if doc_boundaries else None)
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "tokens": n * seq_len, "seq_len": seq_len}
 
 
@@ -69,7 +70,8 @@ def task_accuracy(model, ckpt, cfg, device, autocast, plot: Path) -> dict:
     from duality.data import tasks
     data_cfg = dict(ckpt["config"]["data"])
     if not tasks.is_task(data_cfg):
-        raise ConfigError(f"mode=task needs a checkpoint trained on a synthetic task; this one used data={data_cfg['name']}")
+        raise ConfigError("mode=task needs a checkpoint trained on a synthetic task; this one used "
+                          f"data={data_cfg['name']}")
     data_cfg.update(OmegaConf.to_container(cfg.data_overrides, resolve=True) if cfg.data_overrides else {})
     data_cfg["train_examples"] = 1  # only the evaluation sets are needed
     task = tasks.build(data_cfg)
@@ -212,7 +214,8 @@ def run(cfg) -> dict:
         from duality.evals.position import plot_position_loss, position_loss
         P, curves = cfg.position_loss, {}
         for (model, tok, ckpt), name in zip(loaded, names):
-            r = position_loss(model, tok, data_config(cfg, ckpt), P.length, P.max_windows, cfg.micro_batch, P.chunk, device, autocast)
+            r = position_loss(model, tok, data_config(cfg, ckpt), P.length, P.max_windows, cfg.micro_batch, P.chunk,
+                              device, autocast)
             curves[name] = {**r, "train_len": ckpt["config"]["model"]["seq_len"]}
             shown = "  ".join(f"{n}: {v:.3f}" for n, v in r["avg_up_to"].items() if n >= 16)
             print(f"{name} | {r['windows']} x {r['length']:,} tokens | mean loss up to n tokens: {shown}")
@@ -223,8 +226,8 @@ def run(cfg) -> dict:
         for (model, tok, ckpt), name, path in zip(loaded, names, paths):
             if cfg.mode == "perplexity":
                 seq = cfg.seq_len or ckpt["config"]["model"]["seq_len"]
-                r = perplexity(model, tok, data_config(cfg, ckpt), seq, cfg.eval_tokens, cfg.micro_batch, device, autocast,
-                               bool(ckpt["config"]["train"].get("doc_boundaries")))
+                r = perplexity(model, tok, data_config(cfg, ckpt), seq, cfg.eval_tokens, cfg.micro_batch, device,
+                               autocast, bool(ckpt["config"]["train"].get("doc_boundaries")))
                 print(f"{name} | val loss {r['val_loss']:.4f} | perplexity {r['val_ppl']:.2f} | "
                       f"{r['tokens']:,} tokens at context {seq}")
             elif cfg.mode == "task":

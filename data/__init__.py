@@ -28,7 +28,8 @@ from . import embedded, fineweb, longcrawl64, text
 from .shards import ShardError, TokenWindows, TrainBatches, pack_documents, write_shard
 from .tokenizer import Tokenizer, make_tokenizer
 
-__all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer", "pack_documents"]
+__all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer",
+           "pack_documents"]
 
 SOURCES = {
     "embedded": lambda cfg: embedded.documents(),

@@ -40,7 +40,8 @@ def _open(root: Path, split: str, doc_len: int):
         size = flat.stat().st_size
         if size == 0 or size % (2 * doc_len):
             raise ShardError(f"{flat} is truncated or not LongCrawl64: {size} bytes is not a whole number of "
-                             f"documents of {doc_len} uint16 tokens; download it again (scripts/download_longcrawl64.sh)")
+                             f"documents of {doc_len} uint16 tokens; download it again "
+                             "(scripts/download_longcrawl64.sh)")
         arr = np.memmap(flat, dtype=np.uint16, mode="r", shape=(size // (2 * doc_len), doc_len))
     else:
         raise ShardError(f"data.root={root}: neither {z.name} nor {flat.name} exists there; download LongCrawl64 with "
@@ -58,12 +59,13 @@ def open_arrays(cfg: dict, tokenizer: Tokenizer | None = None):
     root, doc_len = Path(cfg["root"]).expanduser(), int(cfg.get("doc_len", 65536))
     arrays = {s: _open(root, name, doc_len) for s, name in SPLITS.items()}
     # a copy of a given tokenizer (a checkpoint's): its end-of-text id is set to the BOS below
-    tok = Tokenizer.from_dict(tokenizer.to_dict()) if tokenizer else make_tokenizer(cfg.get("tokenizer", "gpt2"), None, 0)
+    tok = (Tokenizer.from_dict(tokenizer.to_dict()) if tokenizer
+           else make_tokenizer(cfg.get("tokenizer", "gpt2"), None, 0))
     sample = max(int(np.asarray(a[:4]).max()) for a in arrays.values())  # the first documents of each split
     if sample >= tok.vocab_size or int(cfg.get("bos_id", 50256)) >= tok.vocab_size:
         raise ShardError(f"{root}: token ids reach {sample} (BOS {cfg.get('bos_id', 50256)}), the tokenizer "
-                         f"{cfg.get('tokenizer')!r} has {tok.vocab_size}: LongCrawl64 is GPT-2 tokens, use data.tokenizer=gpt2 "
-                         "(or a local copy of its tokenizer.json)")
+                         f"{cfg.get('tokenizer')!r} has {tok.vocab_size}: LongCrawl64 is GPT-2 tokens, use "
+                         "data.tokenizer=gpt2 (or a local copy of its tokenizer.json)")
     tok.eot_id = int(cfg.get("bos_id", 50256))
     n = {s: int(a.shape[0]) * doc_len for s, a in arrays.items()}
     return DataInfo([], [], tok, n["train"], n["val"], str(root), arrays)

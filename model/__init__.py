@@ -72,7 +72,8 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
         raise ConfigError(f"model.head={model['head']!r}; valid choices: ['auto', 'lm', 'compress']")
     unknown = set(model) - set(ModelConfig.__dataclass_fields__) - {"name"}
     if unknown:
-        raise ConfigError(f"model: unknown option(s) {sorted(unknown)}; valid: {sorted(ModelConfig.__dataclass_fields__)}")
+        raise ConfigError(f"model: unknown option(s) {sorted(unknown)}; valid: "
+                          f"{sorted(ModelConfig.__dataclass_fields__)}")
     if model.get("norm", "rms") not in NORMS:
         raise ConfigError(f"model.norm={model['norm']!r}; valid choices: {sorted(NORMS)}")
     p = model.get("embed_dropout", 0.0)

@@ -129,7 +129,8 @@ def main():
                                 ((1, 65536, 16, 64), torch.float32, 1.0), ((1, 65536, 16, 64), torch.bfloat16, 1.0)]:
             e = errors(*shape, dt, mean)
             result["errors"].append(e)
-            print("errors vs float64:", json.dumps({k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in e.items()}))
+            print("errors vs float64:",
+                  json.dumps({k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in e.items()}))
         # the look-back synchronises programs through memory: repeat to catch a race, were there one
         worst = max(max(errors(4, 4096, 16, 64, torch.float32, 0.5)[n] for n in ("q", "k", "dq", "dk", "ddphi"))
                     for _ in range(args.repeats))

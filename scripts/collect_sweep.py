@@ -1,6 +1,7 @@
 """Collect a synthetic-task sweep into one table and one figure, best over the optimiser settings.
 
-    python scripts/collect_sweep.py outputs/multirun/2026-11-22_10-00-00 [more sweep dirs] [--out DIR] [--metric val_acc]
+    python scripts/collect_sweep.py outputs/multirun/2026-11-22_10-00-00 [more sweep dirs] [--out DIR] \
+        [--metric val_acc]
 
 Reads every <dir>/**/task_eval.json that train.py writes at the end of a task run. Runs that differ only in the
 optimiser (optim.lr, optim.weight_decay, ...) are one cell; the cell reports the best of them by --metric (seed 004's
@@ -24,7 +25,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-from duality.data.tasks import draw_curves  # noqa: E402
+from duality.data.tasks import SCORES, draw_curves  # noqa: E402
 
 IGNORED = {"cache_dir"}
 
@@ -132,11 +133,8 @@ def main():
             if r.get("val_char_acc") is not None:
                 text += f"; letters {fmt(r, 'val_char_acc')} / {fmt(r, 'val_char_acc_extrap')}"
             cells.append(f"{text} (lr {lr:g})")
-            table.append({"model": row, "task": col, "val_acc": r.get("val_acc"), "val_acc_extrap": r.get("val_acc_extrap"),
-                          "val_seq_acc": r.get("val_seq_acc"), "val_seq_acc_extrap": r.get("val_seq_acc_extrap"),
-                          "val_char_acc": r.get("val_char_acc"), "val_char_acc_extrap": r.get("val_char_acc_extrap"),
-                          "val_loss": r.get("val_loss"), "tokens": r.get("tokens"), "lr": lr,
-                          "weight_decay": r["config"]["optim"]["weight_decay"], "dir": r["dir"]})
+            table.append({"model": row, "task": col, **{k: r.get(k) for k in SCORES}, "tokens": r.get("tokens"),
+                          "lr": lr, "weight_decay": r["config"]["optim"]["weight_decay"], "dir": r["dir"]})
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)

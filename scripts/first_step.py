@@ -34,8 +34,8 @@ def child(case: str, size: str, seq: int, compiled: bool):
 
     import duality.kernels.tuned_configs as tc
     row = measure(case, size, seq, compiled, steps=2, warmup=1)
-    row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"], seeded_keys=tc.counts["seeded_keys"],
-               device=torch.cuda.get_device_name())
+    row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"],
+               seeded_keys=tc.counts["seeded_keys"], device=torch.cuda.get_device_name())
     print("ROW " + json.dumps(row), flush=True)
     tc.dump_requested(case.replace("+", "_"))  # what this case autotuned, for `tune_kernels.py --merge`
 

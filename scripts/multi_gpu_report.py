@@ -58,13 +58,13 @@ def main(out: Path):
         report[group] = res
         curves[group] = runs
         lines += ["", f"### {group} (differences and speed-up against: {labels[ref_name]})", "",
-                  "| run | steps | final loss | max abs loss diff | mean abs loss diff | tokens/s (median) | speed-up | "
-                  "peak GiB |", "|---|---|---|---|---|---|---|---|"]
+                  "| run | steps | final loss | max abs loss diff | mean abs loss diff | tokens/s (median) | "
+                  "speed-up | peak GiB |", "|---|---|---|---|---|---|---|---|"]
         for v in res.values():
             f = (lambda x: "-" if x is None else f"{x:.2e}")
             lines.append(f"| {v['label']} | {v['steps'][0]}-{v['steps'][1]} | {v['final_loss']:.4f} | "
-                         f"{f(v['max_abs_loss_diff'])} | {f(v['mean_abs_loss_diff'])} | {v['tokens_per_s_median']:,.0f} | "
-                         f"{v['speedup']:.2f} | {v['peak_mem_gib']:.1f} |")
+                         f"{f(v['max_abs_loss_diff'])} | {f(v['mean_abs_loss_diff'])} | "
+                         f"{v['tokens_per_s_median']:,.0f} | {v['speedup']:.2f} | {v['peak_mem_gib']:.1f} |")
         if group == "curves" and {"gpu2_ddp", "gpu2_resume"} <= set(runs):
             a, b = runs["gpu2_ddp"], runs["gpu2_resume"]
             report["resume_max_abs_loss_diff"] = max(abs(a[s]["loss"] - b[s]["loss"]) for s in b)

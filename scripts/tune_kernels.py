@@ -138,7 +138,8 @@ def merge(folders, out: Path) -> int:
     for f in folders:
         for path in sorted(Path(f).glob("*.json")):
             data = json.loads(path.read_text())
-            added += write_entries(out, data["kernel_name"], data.get("autotune_entries", {}), data.get("triton_version"))
+            added += write_entries(out, data["kernel_name"], data.get("autotune_entries", {}),
+                                   data.get("triton_version"))
     return added
 
 

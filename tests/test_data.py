@@ -227,7 +227,8 @@ def _longcrawl(root, docs, fmt):
     for split, arr in docs.items():
         if fmt == "zarr":
             import zarr
-            z = zarr.create_array(str(root / f"{split}.zarr"), shape=arr.shape, chunks=(1, arr.shape[1]), dtype="uint16")
+            z = zarr.create_array(str(root / f"{split}.zarr"), shape=arr.shape, chunks=(1, arr.shape[1]),
+                                  dtype="uint16")
             z[:] = arr
         else:
             arr.astype("<u2").tofile(root / f"{split}.bin")

@@ -140,7 +140,8 @@ from duality.model.mixers.scalar_decay import retnet_gammas  # noqa: E402
 
 
 def _decay_mask_attention(q, k, v, log_a):
-    """The parallel (matrix) form of a scalar-decay linear recurrence: O = ((Q K^T) * D) V, D_ij = prod a = e^{c_i - c_j}."""
+    """The parallel (matrix) form of a scalar-decay linear recurrence: O = ((Q K^T) * D) V,
+    D_ij = prod a = e^{c_i - c_j}."""
     c = torch.cumsum(log_a, 1).transpose(1, 2)  # [B, H, T]
     T = q.shape[1]
     D = torch.exp(c[..., :, None] - c[..., None, :]).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0)

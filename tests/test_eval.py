@@ -143,7 +143,8 @@ def test_export_loads_with_the_auto_classes_and_scores_through_the_harness_cli(c
                                 "lm_eval.tasks=[pydoc_mc]", "lm_eval.limit=16", "lm_eval.max_length=256"], "eval"))
     r = subprocess.run([sys.executable, "-m", "duality.evals.harness", "--model", "hf", "--model_args",
                         f"pretrained={out},max_length=256", "--tasks", "pydoc_mc", "--include_path", LOCAL,
-                        "--limit", "16", "--device", "cpu", "--batch_size", "4", "--output_path", str(tmp_path / "cli")],
+                        "--limit", "16", "--device", "cpu", "--batch_size", "4",
+                        "--output_path", str(tmp_path / "cli")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     cli = json.loads(next((tmp_path / "cli").rglob("results_*.json")).read_text())["results"]["pydoc_mc"]
@@ -277,7 +278,8 @@ def test_every_backbone_has_a_kernel_picture():
     from duality.evals.pe_kernel import relative_kernel
     from duality.model.mixers import REGISTRY
     for name in sorted(REGISTRY):
-        m = build_model({"name": name}, {"name": "nope"}, {"n_layer": 1, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64)
+        m = build_model({"name": name}, {"name": "nope"},
+                        {"n_layer": 1, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64)
         k = relative_kernel(m.eval(), torch.randint(0, 64, (2, 16)))
         assert k["log-weight"].shape == (2, 16) and torch.isfinite(k["log-weight"]).all(), name
         has_gate = m.blocks[0].mixer.log_gate(torch.zeros(1, 16, 32)) is not None

@@ -194,7 +194,8 @@ def test_nonfinite_skip_leaves_the_weights_and_counts_the_steps(tmp_path, data_c
     # a NaN made in backward: the re-run forward is finite, the gradients upstream of block 1's MLP are not (in
     # model order: the embedding first)
     assert re.search(r"step      4 \| step 4: loss 6\.\d+, gradient norm nan \(the forward is finite; non-finite "
-                     r"gradients in wte\.weight, blocks\.0\.norm1\.weight, blocks\.0\.mixer\.qkv\.weight\): skipped", out)
+                     r"gradients in wte\.weight, blocks\.0\.norm1\.weight, blocks\.0\.mixer\.qkv\.weight\): "
+                     r"skipped", out)
     rows = [r for r in metrics_rows(tmp_path) if "loss" in r]
     assert [(r["step"], r["nonfinite_skipped"]) for r in rows] == [(2, 1), (4, 2), (6, 2)]
     assert all(r["loss"] == r["loss"] for r in rows) and result["loss"] == rows[-1]["loss"]  # no NaN in the means

@@ -99,8 +99,8 @@ def test_nan_weights_are_never_checkpointed_and_the_last_good_one_is_kept(tmp_pa
     _inject_nan_after(monkeypatch, 3)
     cfg = tiny_overrides(tmp_path, cache, "train.steps=10", "train.ckpt_interval=1", "train.keep_checkpoints=1",
                          "train.log_interval=1000")
-    with pytest.raises(NonFinite, match=r"step 3: the weights or optimizer state are not finite; stopped "
-                                                  r"without checkpointing it\. The last good checkpoint is .*step_0000002"):
+    with pytest.raises(NonFinite, match=r"step 3: the weights or optimizer state are not finite; stopped without "
+                                        r"checkpointing it\. The last good checkpoint is .*step_0000002"):
         train_lib.run(compose(cfg))
     ckpts = sorted((tmp_path / "checkpoints").glob("step_*.pt"))
     assert [p.name for p in ckpts] == ["step_0000002.pt"]
@@ -206,7 +206,8 @@ CLI_ERRORS = [
     (["model.n_layer=0"], "error: model.n_layer=0: an integer >= 1"),
     (["train.ckpt_interval=0"], "error: train.ckpt_interval=0: an integer >= 1"),
     (["train.log_interval=0"], "error: train.log_interval=0: an integer >= 1"),
-    (["data=text", "data.files={d}/bad.jsonl", "data.format=json"], "error: data.files: {d}/bad.jsonl:2: not valid JSON"),
+    (["data=text", "data.files={d}/bad.jsonl", "data.format=json"],
+     "error: data.files: {d}/bad.jsonl:2: not valid JSON"),
     (["data=text", "data.files={d}/latin1.txt"], "error: data.files: {d}/latin1.txt:1: not UTF-8 text"),
     (["data=text", "data.files={d}/good.jsonl", "data.format=json", "data.text_field=body"],
      "error: data.text_field='body' is not a field of {d}/good.jsonl; fields: ['text']"),

@@ -169,9 +169,11 @@ def test_state_tracking_configs():
         assert t.evals[0].per_position and t.evals[0].first == 1 and t.train_len == 128
         assert t.symbols == [*("".join(map(str, p)) for p in state_tracking.elements(group)), "<bos>"]
         for x, y in ((t.train.inputs, t.train.targets), (t.evals[0].inputs, t.evals[0].targets)):
-            assert (x[:, 0] == len(t.symbols) - 1).all() and (y[:, 0] == -1).all() and (x[:, 1:] < len(t.symbols) - 1).all()
+            bos = len(t.symbols) - 1
+            assert (x[:, 0] == bos).all() and (y[:, 0] == -1).all() and (x[:, 1:] < bos).all()
         t = build(name, bos=False)
-        assert t.train.inputs.shape == (64, 128) and t.evals[0].first == 0 and len(t.symbols) == len(state_tracking.elements(group))
+        assert t.train.inputs.shape == (64, 128) and t.evals[0].first == 0
+        assert len(t.symbols) == len(state_tracking.elements(group))
     with pytest.raises(ConfigError, match="valid choices"):
         tasks.build({"name": "state_tracking", "group": "S4"})
     with pytest.raises(ConfigError, match="unknown option"):
@@ -213,7 +215,8 @@ def test_mad_fuzzy_recall_probe_is_planted_and_asked():
         first = tail[0]
         key = row_x[first - k + 1:first + 1]  # the probe key ends where the probe value's first target sits
         seq = list(row_x)
-        found = [i for i in range(first - k) if seq[i:i + k] == list(key) and seq[i + k:i + k + len(v_probe)] == list(v_probe)]
+        found = [i for i in range(first - k)
+                 if seq[i:i + k] == list(key) and seq[i + k:i + k + len(v_probe)] == list(v_probe)]
         assert found, (row_x, row_y)
 
 

@@ -33,7 +33,8 @@ def check_config(cfg, world: int = 1) -> dict:
                               if t.get(k) is not None)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"{key}={value!r}: an integer >= {low}" + (" (or null)" if key == "train.steps" else ""))
-    for key, value in (("optim.lr", o.lr), *((f"train.{k}", t[k]) for k in ("tokens", "epochs") if t.get(k) is not None)):
+    budgets = ((f"train.{k}", t[k]) for k in ("tokens", "epochs") if t.get(k) is not None)
+    for key, value in (("optim.lr", o.lr), *budgets):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key}={value!r}: a number >= 0")
     for key, hi, what in (("time_limit", math.inf, "seconds > 0"), ("stop_acc", 1, "an accuracy in (0, 1]")):
@@ -48,7 +49,8 @@ def check_config(cfg, world: int = 1) -> dict:
         per_micro = t.micro_batch * world
         if t.batch_size % per_micro:
             raise ConfigError(f"train.batch_size={t.batch_size} is not a multiple of micro_batch x world_size = "
-                              f"{t.micro_batch} x {world}; e.g. batch_size={max(1, round(t.batch_size / per_micro)) * per_micro}")
+                              f"{t.micro_batch} x {world}; e.g. "
+                              f"batch_size={max(1, round(t.batch_size / per_micro)) * per_micro}")
         accum, batch_tokens = t.batch_size // per_micro, t.batch_size * seq
     else:
         per_micro = t.micro_batch * seq * world

@@ -124,6 +124,10 @@ def build(data_cfg) -> TaskData:
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
+# what a task evaluation reports (task_eval.json, a sweep's results.csv): the loss, and each accuracy up to the
+# training length and beyond it, per position, per sequence (all right) and per letter (copying)
+SCORES = ("val_loss", "val_acc", "val_acc_extrap", "val_seq_acc", "val_seq_acc_extrap", "val_char_acc",
+          "val_char_acc_extrap")
 EVAL_TOKENS = 65536  # tokens per evaluation forward: MQAR's 8192-way logits at 512 x 256 took 15 GB with the loss
 
 

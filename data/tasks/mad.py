@@ -178,7 +178,8 @@ def build(cfg: dict) -> TaskData:
     if T % 2:
         raise ConfigError(f"data.seq_len={T} must be even (MAD's tasks are built from pairs)")
     if task == "selective_copying" and T <= 2 * o["num_tokens_to_copy"] + 1:
-        raise ConfigError(f"data: seq_len={T} must exceed 2 x num_tokens_to_copy + 1 = {2 * o['num_tokens_to_copy'] + 1}")
+        raise ConfigError(f"data: seq_len={T} must exceed 2 x num_tokens_to_copy + 1 = "
+                          f"{2 * o['num_tokens_to_copy'] + 1}")
     gen = {k: o[k] for k in ("vocab_size", "seq_len", "noise_vocab_size", "frac_noise", "multi_query",
                              "k_motif_size", "v_motif_size", "num_tokens_to_copy")}
     if task == "memorization":

@@ -117,7 +117,8 @@ if triton is not None:
                 l += tl.sum(p.to(tl.float32), 1)
             # l sums the weights as the product below sees them (rounded to v's dtype), so the output's weights sum to
             # one exactly: with unrounded sums, a one-key row (T = 1) gave o != v_0 by bf16 rounding, and the power
-            # path's dL/ds = p s^(p-1) (dP - Delta) / l turned that into q, k gradients of 1e-2 where the true ones are 0
+            # path's dL/ds = p s^(p-1) (dP - Delta) / l turned that into q, k gradients of 1e-2 where the true ones
+            # are 0
             acc = tl.dot(p, v, acc, input_precision=PREC)
         return acc, l, m
 

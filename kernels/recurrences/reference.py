@@ -85,7 +85,8 @@ def delta_rule_chunked(q, k, v, beta, scale, g=None, S0=None, chunk: int = 16):
         C = qc.shape[2]
         G = torch.zeros(B, H, C, 1, dtype=q.dtype, device=q.device) if g is None else \
             torch.cumsum(g[:, s:s + chunk].transpose(1, 2), -1)[..., None]
-        gam = torch.exp((G - G.transpose(-1, -2)).masked_fill(~torch.ones(C, C, dtype=torch.bool, device=q.device).tril(), -float("inf")))
+        causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        gam = torch.exp((G - G.transpose(-1, -2)).masked_fill(~causal, -float("inf")))
         eye = torch.eye(C, dtype=q.dtype, device=q.device)
         A = (bc * (kc @ kc.transpose(-1, -2)) * gam).tril(-1)
         Tm = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)

@@ -110,9 +110,11 @@ if triton is not None:
         cos, sin = tl.cos(ang), tl.sin(ang)
         o = rows[:, None] * (H * 2 * D2) + h * (2 * D2) + cols[None, :]  # y and the input gradients are contiguous
         g1, g2 = _rotate_tile(gq, gqi, rows, cols, m, h, s_gqt, s_gqh, o, cos, -sin, D2)  # R^T = R(-phi)
-        da = g2 * tl.load(yq + o, mask=m, other=0).to(tl.float32) - g1 * tl.load(yq + o + D2, mask=m, other=0).to(tl.float32)
+        da = (g2 * tl.load(yq + o, mask=m, other=0).to(tl.float32)
+              - g1 * tl.load(yq + o + D2, mask=m, other=0).to(tl.float32))
         g1, g2 = _rotate_tile(gk, gki, rows, cols, m, h, s_gkt, s_gkh, o, cos, -sin, D2)
-        da += g2 * tl.load(yk + o, mask=m, other=0).to(tl.float32) - g1 * tl.load(yk + o + D2, mask=m, other=0).to(tl.float32)
+        da += (g2 * tl.load(yk + o, mask=m, other=0).to(tl.float32)
+               - g1 * tl.load(yk + o + D2, mask=m, other=0).to(tl.float32))
         if NEED_DTHETA:
             tl.store(dth + j * BD + cols, tl.sum(da * raw, 0))
         if NEED_DPHI:

@@ -7,7 +7,8 @@
 
 The accumulated Householder product is DeltaNet's state transition used as a position encoding (seed 000,
 section 5); adding the forget gate gives the dual of Gated DeltaNet (section 6). PaTH is itself the positional
-scheme; a rotary scheme may still rotate q and k first (RoPE inside PaTH). Kernels: kernels/path_attention/ (FLA's parallel_path_attn on CUDA).
+scheme; a rotary scheme may still rotate q and k first (RoPE inside PaTH). Kernels: kernels/path_attention/ (FLA's
+parallel_path_attn on CUDA).
 The incremental form caches keys already moved through every later transform: k~_j <- H_t k~_j as token t arrives.
 """
 

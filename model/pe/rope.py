@@ -41,9 +41,9 @@ class RoPE(PositionalScheme):
 
     def rotate(self, q, k, x=None, ctx=TRAINING):
         # The cumulative sum of constant increments has the closed form t * theta; cumulative_rotation(q, k, None,
-        # theta, phi0=offset - 1) computes the same (tests/kernels/test_rotary.py). Eager on CUDA it is the faster path: one
-        # Triton launch for q and k, where the table's element-wise chain is ~10 unfused kernels each way (28 ms of
-        # an eager 124m step); compiled, Inductor fuses the table path into the projections around it.
+        # theta, phi0=offset - 1) computes the same (tests/kernels/test_rotary.py). Eager on CUDA it is the faster
+        # path: one Triton launch for q and k, where the table's element-wise chain is ~10 unfused kernels each way
+        # (28 ms of an eager 124m step); compiled, Inductor fuses the table path into the projections around it.
         T, offset, positions = q.shape[1], ctx.offset, ctx.positions(q.shape[1])
         if q.is_cuda and positions is None and q.dtype != torch.float64 and not torch.compiler.is_compiling():
             return cumulative_rotation(q, k, None, self.frequencies(q.shape[-1], q.device).float(), offset - 1)[:2]

@@ -71,7 +71,8 @@ def test_rope_is_constant_increments():
         rq, rk = RoPE(Dims(24, 3, 8, 64)).rotate(q, k, ctx=Context(offset))
         torch.testing.assert_close(rq, rotate(q, phi))
         torch.testing.assert_close(rk, rotate(k, phi))
-        impls = ["torch"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available() else [])
+        triton_runs = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+        impls = ["torch"] + (["triton"] if triton_runs else [])
         for impl in impls:
             cq, ck, _ = cumulative_rotation(q.to(DEV), k.to(DEV), None, theta.to(DEV), phi0=offset - 1.0, impl=impl)
             torch.testing.assert_close(cq.cpu(), rq, rtol=1e-5, atol=1e-5)
@@ -343,8 +344,9 @@ def test_bias_starts_at_one_radian_per_token_and_low_rank_starts_small():
     """The seed's state-tracking Selective RoPE at init: e^0 = 1 per token on every channel (base 1: temperature 1),
     and the low-rank projection (the trunk's N(0, 0.02) init) adds only a small input-dependent part."""
     torch.manual_seed(0)
-    m = build_model({"name": "gla", "expand_k": 1.0}, {"name": "selective_rope", "source": "x", "rank": 32,
-                                                        "bias": True, "base": 1.0}, {**SIZE, "d_model": 384, "n_heads": 12}, 40)
+    m = build_model({"name": "gla", "expand_k": 1.0},
+                    {"name": "selective_rope", "source": "x", "rank": 32, "bias": True, "base": 1.0},
+                    {**SIZE, "d_model": 384, "n_heads": 12}, 40)
     pe = m.blocks[0].mixer.pe
     x = torch.randn(4, 50, 384)
     dphi = pe.increments(torch.zeros(4, 50, 12, 32), x)
