@@ -21,6 +21,15 @@ def residual_linear(d_in: int, d_out: int) -> nn.Linear:
     return lin
 
 
+def split_linear(x, linear: nn.Linear, sizes) -> list:
+    """linear(x) in parts of `sizes` output features, each part its own matmul and buffer. A mixer keeps all its
+    projections of x in one Linear (one parameter) and groups them by what backward keeps: autograd keeps a saved
+    view's whole buffer alive, so with one matmul the output gate that the norm-gate keeps held all of
+    [q | k | v | gate] (4x the gate, every layer), though FLA's kernels keep their own copies of q, k and v."""
+    biases = [None] * len(sizes) if linear.bias is None else linear.bias.split(sizes)
+    return [F.linear(x, w, b) for w, b in zip(linear.weight.split(sizes), biases)]
+
+
 class ShortConv(nn.Module):
     """Causal depthwise convolution over time (kernel size K) followed by SiLU (as in Mamba / Gated DeltaNet) or by
     nothing (activation=False). The incremental form keeps the last K - 1 inputs in ctx.state.conv[name]; packed
@@ -179,11 +188,29 @@ def up(x):
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+class _L2Norm(torch.autograd.Function):
+    """y = x r, r = (|x|^2 + eps)^(-1/2) over the last dim in fp32 (at least); dx = r (dy - y (y . dy)). Keeps y and
+    r, not x: x is often a view of a larger buffer (q and k of DeltaNet's convolution output, whose v the kernel
+    copies), which keeping x would keep alive whole; y is what the next op keeps anyway."""
+
+    @staticmethod
+    def forward(ctx, x, eps):
+        r = torch.rsqrt(up(x).square().sum(-1, keepdim=True) + eps)
+        y = up(x) * r
+        y = y if y.dtype == x.dtype else y.to(x.dtype)  # no no-op cast: torch 2.11 compiles it to zero gradients
+        ctx.save_for_backward(y, r)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        y, r = ctx.saved_tensors
+        yf, dyf = up(y), up(dy)
+        return (r * (dyf - yf * (yf * dyf).sum(-1, keepdim=True))).to(dy.dtype), None
+
+
 def l2norm(x, eps: float = 1e-6):
-    """x / sqrt(|x|^2 + eps), the norm summed in fp32 (at least); backward keeps x and the norm, not an fp32 copy
-    of x (vector_norm's dtype= upcasts inside its kernel)."""
-    n = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
-    return x * torch.rsqrt(n * n + eps).to(x.dtype)
+    """x / sqrt(|x|^2 + eps) over the last dim (DeltaNet's q and k, Selective RoPE's angle source)."""
+    return _L2Norm.apply(x, eps)
 
 
 class ScalarDecay(nn.Module):

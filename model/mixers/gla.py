@@ -14,13 +14,12 @@ A rotary scheme rotates q and k (GLA + RoPE / Selective RoPE). The incremental f
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from duality.kernels.recurrences import gated, gated_recurrent
 
 from ..core.context import TRAINING
-from ..core.layers import GatedOutput, LowRankGate, ShortConv
+from ..core.layers import GatedOutput, LowRankGate, ShortConv, split_linear
 from .base import Mixer, register
 
 
@@ -41,7 +40,8 @@ class GLA(Mixer):
         if self.dk < 1 or self.dv < 1:
             raise ValueError(f"gla: expand_k={expand_k}, expand_v={expand_v} leave no channels per head")
         H = n_heads
-        # every projection of x in one matmul, [q | k | v | W_1 (gate, low rank) | output gate]: one gradient into x
+        # every projection of x in one Linear, [q | k | v | W_1 (gate, low rank) | output gate], two matmuls:
+        # [q | k | v] (the kernels copy them) and the gates (kept for backward; split_linear says why)
         self.output_gate = output_gate
         self.sizes = [H * self.dk, H * self.dk, H * self.dv, gate_low_rank, H * self.dv if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
@@ -53,9 +53,11 @@ class GLA(Mixer):
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         H = self.n_heads
-        q, k, v, g_low, gate = self.in_proj(x).split(self.sizes, -1)
+        qkv, gates = split_linear(x, self.in_proj, [sum(self.sizes[:3]), sum(self.sizes[3:])])
+        g_low, gate = gates.split(self.sizes[3:], -1)
         if self.conv is not None:
-            q, k, v = self.conv(torch.cat([q, k, v], -1), ctx).split(self.sizes[:3], -1)
+            qkv = self.conv(qkv, ctx)
+        q, k, v = qkv.split(self.sizes[:3], -1)
         q, k, v = q.view(B, T, H, self.dk), k.view(B, T, H, self.dk), v.view(B, T, H, self.dv)
         g = self.g_up(g_low)
         q, k = self.rotate_qk(q, k, x, ctx)

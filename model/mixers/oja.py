@@ -18,7 +18,7 @@ from torch import nn
 from duality.kernels.recurrences import oja, oja_recurrent
 
 from ..core.context import TRAINING
-from ..core.layers import GatedOutput, LowRankGate, l2norm, up
+from ..core.layers import GatedOutput, LowRankGate, l2norm, split_linear, up
 from .base import Mixer, register
 
 
@@ -31,7 +31,8 @@ class GatedOja(Mixer):
                  output_gate: bool = True):
         super().__init__(d_model, n_heads, pe)
         D, H = self.head_dim, n_heads
-        # every projection of x in one matmul: [q | k | v | W_1 (gate, low rank) | w_beta | output gate]
+        # every projection of x in one Linear, [q | k | v | W_1 (gate, low rank) | w_beta | output gate], two
+        # matmuls: [q | k | v] (the kernels copy them) and the rest (kept for backward; split_linear says why)
         self.output_gate = output_gate
         self.sizes = [3 * d_model, gate_low_rank, H, d_model if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
@@ -41,7 +42,8 @@ class GatedOja(Mixer):
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        qkv, g_low, b, gate = self.in_proj(x).split(self.sizes, -1)
+        qkv, rest = split_linear(x, self.in_proj, [self.sizes[0], sum(self.sizes[1:])])
+        g_low, b, gate = rest.split(self.sizes[1:], -1)
         q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
         v = l2norm(v)
         gv = self.g_up(g_low)

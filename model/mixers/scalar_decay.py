@@ -17,7 +17,7 @@ from torch import nn
 from duality.kernels.recurrences import gated, gated_recurrent
 
 from ..core.context import TRAINING
-from ..core.layers import GatedOutput, ScalarDecay
+from ..core.layers import GatedOutput, ScalarDecay, split_linear
 from .base import Mixer, register
 
 
@@ -32,7 +32,8 @@ class _ScalarDecay(Mixer):
     def __init__(self, d_model, n_heads, pe=None, *, output_gate: bool = True):
         super().__init__(d_model, n_heads, pe)
         H = n_heads
-        # every projection of x in one matmul: [q | k | v | a (Mamba2) | output gate]
+        # every projection of x in one Linear, [q | k | v | a (Mamba2) | output gate], two matmuls: [q | k | v] (the
+        # kernels copy them) and the gates (kept for backward; split_linear says why)
         self.output_gate = output_gate
         self.sizes = [3 * d_model, H if self.selective else 0, d_model if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
@@ -40,7 +41,8 @@ class _ScalarDecay(Mixer):
 
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
-        qkv, a, gate = self.in_proj(x).split(self.sizes, -1)
+        qkv, gates = split_linear(x, self.in_proj, [self.sizes[0], sum(self.sizes[1:])])
+        a, gate = gates.split(self.sizes[1:], -1)
         q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         g = self._log_gate(a, T)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
         q, k = self.rotate_qk(q, k, x, ctx)
