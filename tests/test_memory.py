@@ -342,16 +342,22 @@ def _like_fla(parallel):
             ctx.save_for_backward(*[a for a in args if torch.is_tensor(a)])
             return parallel(*args)[0]
 
-    return lambda *args, **kw: (Kernel.apply(*args), None)
+    @torch._dynamo.disable  # and, as FLA's kernels, a break in a compiled graph
+    def call(*args, **kw):
+        return Kernel.apply(*args), None
+
+    return call
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("backbone", ["gla", "retnet", "mamba2", "gated_oja", "deltanet", "gated_deltanet"])
-def test_backward_keeps_no_buffer_it_does_not_use(backbone, monkeypatch):
+def test_backward_keeps_no_buffer_it_does_not_use(backbone, compiled, monkeypatch):
     """Autograd keeps a saved view's whole buffer alive. With the recurrences and the short convolution treating
     their inputs as FLA's kernels do on the GPU (the recurrence keeps contiguous copies; causal_conv1d keeps x as
-    given), at least 90% of every buffer kept for backward is reached by what is kept (the rest: beta and the decay's
-    input, H of 4 d + 2 H columns). Before split_linear and the l2norm that keeps its output: RetNet's output gate kept
-    all of [q | k | v | gate] (25% used), GLA's 38%, DeltaNet's q and k the whole convolution output (67%)."""
+    given; both break a compiled graph), at least 90% of every buffer kept for backward is reached by what is kept
+    (the rest: beta and the decay's input, H of 4 d + 2 H columns), eager and compiled (the partitioner Inductor
+    uses). Before split_linear and the l2norm that keeps its output: RetNet's output gate kept all of
+    [q | k | v | gate] (25% used), GLA's 38%, DeltaNet's q and k the whole convolution output (67%)."""
     from duality.model.core import layers
     from duality.model.mixers import delta_net, gla, oja, scalar_decay
     for mod, name in ((gla, "gated"), (scalar_decay, "gated"), (oja, "oja"), (delta_net, "delta_rule")):
@@ -364,14 +370,18 @@ def test_backward_keeps_no_buffer_it_does_not_use(backbone, monkeypatch):
             ctx.save_for_backward(x, w)
             return conv(module, x, c, name)
 
-    monkeypatch.setattr(layers.ShortConv, "forward",
-                        lambda self, x, ctx=layers.TRAINING, name="conv": KeepsX.apply(x, self.weight, self, ctx, name))
+    @torch._dynamo.disable
+    def conv_keeping_x(self, x, ctx=layers.TRAINING, name="conv"):
+        return KeepsX.apply(x, self.weight, self, ctx, name)
+
+    monkeypatch.setattr(layers.ShortConv, "forward", conv_keeping_x)
     torch.manual_seed(0)
     m = build_model({"name": backbone}, {"name": "nope"}, {"n_layer": 2, "d_model": 64, "n_heads": 2, "seq_len": 16},
                     V)
     params = {p.untyped_storage().data_ptr() for p in m.parameters()}
     kept = {}  # buffer -> the element mask of it that kept tensors reach
 
+    @torch._dynamo.disable  # runs as the tensors are kept, not traced into the graph
     def pack(t):
         s = t.untyped_storage()
         if s.data_ptr() not in params:
@@ -380,7 +390,9 @@ def test_backward_keeps_no_buffer_it_does_not_use(backbone, monkeypatch):
         return t
 
     x, y = torch.randint(0, V, (3, 16)), torch.randint(0, V, (3, 16))
+    torch._dynamo.reset()
+    run = torch.compile(m, backend="aot_eager_decomp_partition") if compiled else m
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        m(x, y)
+        run(x, y)
     used = sorted(mask.float().mean().item() for mask in kept.values())
     assert len(used) > 10 and used[0] >= 0.9, used
