@@ -143,7 +143,7 @@ class _RMSNormGated(torch.autograd.Function):
 
 class GatedOutput(nn.Module):
     """y = W_o [RMSNorm_head(o) * silu(gate)] (or without the gate): the output stage of GLA / Gated DeltaNet. The
-    gate's pre-activation x W_g comes from the mixer's input projection (one matmul for every projection of x).
+    gate's pre-activation x W_g comes from the mixer's input projection (one Linear for every projection of x).
     The norm and gate are one autograd.Function (as FLA's fused norm-gate) keeping o, the gate and 1/rms(o): the
     plain modules kept fp32 copies of o, the normalised o and silu(gate) as well (7.5 GiB of GLA's 66.8 at 370m /
     8 x 4096 eager). Its output is in W_o's dtype (autocast then casts it as for any Linear)."""

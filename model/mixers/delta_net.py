@@ -37,7 +37,8 @@ class _DeltaNet(Mixer):
         # every projection of x in one matmul, [q | k | v | beta | a (Gated DeltaNet) | output gate]: one gradient
         # into x instead of five (FLA's kernels split a compiled model into graphs, and summing the five between
         # them took 4% of a Gated DeltaNet step); q, k and v share one depthwise convolution (per channel, so the
-        # same as three)
+        # same as three). Not split_linear as GLA: the convolution keeps [q | k | v] for backward, so the gate's view
+        # keeps nothing that is not needed anyway
         self.output_gate = output_gate
         self.sizes = [H * (2 * self.dk + self.dv), H, H if self.gated else 0, H * self.dv if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)

@@ -6,7 +6,7 @@
                                          GLA layer with use_short_conv (seed 004's state-tracking model)
     g_t  = logsigmoid(x W_1 W_2 + b) / tau     low rank r, normaliser tau = 16: log alpha_t, in (-inf, 0)^{D_k}
     S_t  = diag(alpha_t) S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(D_k)          (kernels/recurrences/)
-    y    = W_o [RMSNorm(o_t) * silu(x W_r)]          (W_q, W_k, W_v, W_1, W_r: one matmul)
+    y    = W_o [RMSNorm(o_t) * silu(x W_r)]          (W_q, W_k, W_v, W_1, W_r: one Linear)
 
 Seen from softmax attention, prod_s diag(alpha_s) is FoX's forget gate made per channel (seed 000, section 3).
 A rotary scheme rotates q and k (GLA + RoPE / Selective RoPE). The incremental form keeps S (D_k x D_v per head).

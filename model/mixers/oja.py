@@ -4,7 +4,7 @@
     alpha_t = exp(logsigmoid(x W_1 W_2 + b) / tau)       per value channel (low rank, as GLA's key gate)
     beta_t  = sigmoid(x_t w_beta)
     S_t = (I - beta_t v_t v_t^T) diag(alpha_t) S_{t-1} + beta_t v_t k_t^T          (S: D_v x D_k)
-    o_t = S_t q_t / sqrt(D_k),   y = W_o [RMSNorm(o_t) * silu(x W_g)]     (W_q, W_k, W_v, W_1, w_beta, W_g: one matmul)
+    o_t = S_t q_t / sqrt(D_k),   y = W_o [RMSNorm(o_t) * silu(x W_g)]     (W_q, W_k, W_v, W_1, w_beta, W_g: one Linear)
 
 Unrolled, o_t = sum_j [prod_{s=j+1..t} (I - beta_s v_s v_s^T) diag(alpha_s)] v_j (k_j^T q_t): the transition acts on
 the values, where gated DeltaNet's acts between q and k (seed 001 eqs. 3-4). Kernel: FLA's chunk_gated_oja_rule.
