@@ -320,32 +320,6 @@ def merge(history: Path, run_json: Path, run_id: str, note: str):
     plot(list(latest.values()), history.with_suffix(".png"))
 
 
-def summary(histories) -> str:
-    """One table of every case's latest row across histories (--merge files): ms per step and, in brackets, tokens/s
-    as a multiple of the transformer + RoPE of the same run, one column per setting x mode."""
-    latest = {}
-    for h in histories:
-        for r in json.loads(Path(h).read_text())["rows"]:
-            latest[key(r)] = r
-    cols = sorted({(r["size"], r["seq_len"], r["compile"]) for r in latest.values()},
-                  key=lambda c: (c[0], c[1], not c[2]))
-    cases = list(dict.fromkeys(["ref", *CASES]))
-
-    def cell(r):
-        if r is None:
-            return ""
-        if "error" in r:
-            return "out of memory" if "OutOfMemory" in r["error"] else "failed"
-        return f"{r['ms']:.1f} ({r['x_base']:.2f})" if r.get("x_base") else f"{r['ms']:.1f}"
-    lines = ["| case | " + " | ".join(f"{s}/{t} {'compiled' if c else 'eager'}" for s, t, c in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
-    for case in cases:
-        cells = [cell(latest.get((case, *c))) for c in cols]
-        if any(cells):
-            lines.append(f"| {case} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def load_rows(path: Path) -> list[tuple[str, dict]]:
     """(where it was measured, row) for every row of a bench_train JSON: a run ({"rows"}), a history (--merge), or
     a record of several device calls ({"calls": [{"call", "rows"}]}, docs/memory); rows marked `valid: false`
@@ -359,6 +333,37 @@ def load_rows(path: Path) -> list[tuple[str, dict]]:
     else:
         pairs = [(f"{name} run {r['run']}" if "run" in r else name, r) for r in data["rows"]]
     return [(src, r) for src, r in pairs if r.get("valid", True)]
+
+
+def failure(r) -> str:
+    """A failed row's error in a table cell."""
+    return "out of memory" if "OutOfMemory" in r["error"] else "failed"
+
+
+def summary(histories) -> str:
+    """One table of every case's latest row across histories (--merge files): ms per step and, in brackets, tokens/s
+    as a multiple of the transformer + RoPE of the same run, one column per setting x mode."""
+    latest = {}
+    for h in histories:
+        for _, r in load_rows(h):
+            latest[key(r)] = r
+    cols = sorted({(r["size"], r["seq_len"], r["compile"]) for r in latest.values()},
+                  key=lambda c: (c[0], c[1], not c[2]))
+    cases = list(dict.fromkeys(["ref", *CASES]))
+
+    def cell(r):
+        if r is None:
+            return ""
+        if "error" in r:
+            return failure(r)
+        return f"{r['ms']:.1f} ({r['x_base']:.2f})" if r.get("x_base") else f"{r['ms']:.1f}"
+    lines = ["| case | " + " | ".join(f"{s}/{t} {'compiled' if c else 'eager'}" for s, t, c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for case in cases:
+        cells = [cell(latest.get((case, *c))) for c in cols]
+        if any(cells):
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def vs_fla(paths) -> str:
@@ -376,7 +381,7 @@ def vs_fla(paths) -> str:
             return "not measured"
         r = entry[1]
         if "error" in r:
-            return "out of memory" if "OutOfMemory" in r["error"] else "failed"
+            return failure(r)
         return f"{r['ms']:.1f} / {r['peak_mem_gib']:.1f}"
     lines = ["| kind | this repo, compiled: ms / peak GiB | this repo, eager | FLA's model, eager | speed / memory vs "
              "FLA | goals met (speed / memory) | measured in |", "|---|---:|---:|---:|---:|---|---|"]

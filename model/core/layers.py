@@ -112,6 +112,12 @@ def swiglu_linear(a, b, w):
 OUTPUT_NORM_EPS = 1e-6  # as FLA's layers' output norms
 
 
+def _cast(y, dtype):
+    """y in dtype, for a Function's output: not y.to(dtype) when that is y itself, since torch 2.11 compiles a
+    Function returning such a no-op cast to zero gradients (tests/test_memory.py checks both Functions compiled)."""
+    return y if y.dtype == dtype else y.to(dtype)
+
+
 class _RMSNormGated(torch.autograd.Function):
     """y = o / rms(o) * w * silu(g), rms(o) = sqrt(mean_D o^2 + eps), over the last dim, computed in fp32 (at least)
     and returned in `dtype`; keeps o, g, w and 1/rms(o) for backward (g None: no gate)."""
@@ -123,9 +129,7 @@ class _RMSNormGated(torch.autograd.Function):
         if g is not None:
             y = y * F.silu(up(g))
         ctx.save_for_backward(o, w, g, r)
-        # not y.to(dtype) when that is y itself: torch 2.11 compiles a Function returning such a no-op cast with
-        # zero gradients (tests/test_memory.py checks it compiled)
-        return y if y.dtype == dtype else y.to(dtype)
+        return _cast(y, dtype)
 
     @staticmethod
     def backward(ctx, dy):
@@ -196,8 +200,7 @@ class _L2Norm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, eps):
         r = torch.rsqrt(up(x).square().sum(-1, keepdim=True) + eps)
-        y = up(x) * r
-        y = y if y.dtype == x.dtype else y.to(x.dtype)  # no no-op cast: torch 2.11 compiles it to zero gradients
+        y = _cast(up(x) * r, x.dtype)
         ctx.save_for_backward(y, r)
         return y
 
