@@ -2,6 +2,7 @@
 
     python scripts/saved_activations.py --cases gla+nope fla:gla --setting 370m:4096
     python scripts/saved_activations.py --cases gla+nope --set train.activation_checkpointing=selective
+    python scripts/saved_activations.py --cases retnet+nope --setting tiny:64 --like-fla   # on a CPU, as on a GPU
 
 One eager forward (bf16 autocast, the device's) of one micro-batch of random tokens, under
 `torch.autograd.graph.saved_tensors_hooks`: each saved tensor is attributed to the innermost module running when it
@@ -21,6 +22,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -30,7 +32,54 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_train  # noqa: E402
 
 
-def saved_by_module(model, x, y, autocast) -> tuple[dict[str, dict], float]:
+@contextmanager
+def fla_like_kernels():
+    """Within it, on a CPU, the recurrences and the short convolution treat their inputs as FLA's GPU kernels do, so
+    that what autograd keeps can be counted without a GPU (forward only: the stand-ins have no backward). The
+    recurrences keep contiguous copies of their inputs (FLA's input_guard), causal_conv1d keeps x as given, and
+    both break a compiled graph."""
+    from duality.model.core import layers
+    from duality.model.mixers import delta_net, gla, oja, scalar_decay
+
+    def copying(parallel):
+        class Kernel(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                args = [a.contiguous() if torch.is_tensor(a) else a for a in args]
+                ctx.save_for_backward(*[a for a in args if torch.is_tensor(a)])
+                return parallel(*args)[0]
+
+        @torch._dynamo.disable
+        def call(*args, **kw):
+            return Kernel.apply(*args), None
+        return call
+
+    conv = layers.ShortConv.forward
+
+    class KeepsX(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, module, c, name):
+            ctx.save_for_backward(x, w)
+            return conv(module, x, c, name)
+
+    @torch._dynamo.disable
+    def conv_keeping_x(self, x, ctx=layers.TRAINING, name="conv"):
+        return KeepsX.apply(x, self.weight, self, ctx, name)
+
+    patched = [(mod, name, getattr(mod, name)) for mod, name in
+               ((gla, "gated"), (scalar_decay, "gated"), (oja, "oja"), (delta_net, "delta_rule"))]
+    patched.append((layers.ShortConv, "forward", conv))
+    try:
+        for mod, name, f in patched[:-1]:
+            setattr(mod, name, copying(f))
+        layers.ShortConv.forward = conv_keeping_x
+        yield
+    finally:
+        for mod, name, f in patched:
+            setattr(mod, name, f)
+
+
+def saved_by_module(model, x, y, autocast, stand_ins=nullcontext()) -> tuple[dict[str, dict], float]:
     """{module path (block index as *): {"bytes", "count", "shapes" (a few examples)}}, and the loss."""
     stack: list[str] = []
     names = {m: re.sub(r"\.\d+(?=\.|$)", ".*", n) or "(model)" for n, m in model.named_modules()}
@@ -58,12 +107,13 @@ def saved_by_module(model, x, y, autocast) -> tuple[dict[str, dict], float]:
         return t
 
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        with stand_ins, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
             _, loss = model(x, y)
     finally:
         for h in handles:
             h.remove()
-    loss.backward()
+    if isinstance(stand_ins, nullcontext):
+        loss.backward()
     return dict(rows), loss.item()
 
 
@@ -73,6 +123,8 @@ def main():
     ap.add_argument("--setting", default="370m:4096", help="size:context (bench_train.py's settings)")
     ap.add_argument("--set", nargs="+", default=[], help="Hydra overrides for this repo's cases")
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--like-fla", action="store_true", help="on a CPU: the recurrences and convolution keep what "
+                    "FLA's GPU kernels keep (fla_like_kernels), forward only")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = ap.parse_args()
     size, seq = args.setting.split(":")
@@ -87,12 +139,13 @@ def main():
         model, _ = bench_train.build(case, model_name, seq, vocab, args.set)
         model = model.to(device)
         x = torch.randint(0, vocab, (B, seq + 1), device=device)
-        rows, loss = saved_by_module(model, x[:, :-1], x[:, 1:], autocast)
+        rows, loss = saved_by_module(model, x[:, :-1], x[:, 1:], autocast,
+                                     fla_like_kernels() if args.like_fla else nullcontext())
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         total = sum(r["bytes"] for r in rows.values())
         result[case] = {"saved_gib": total / 2 ** 30, "params_gib": params / 2 ** 30, "loss": loss, "rows": rows}
-        print(f"\n{case} {size}/{seq}, {B} x {seq} tokens: saved for backward {total / 2 ** 30:.2f} GiB "
-              f"(parameters {params / 2 ** 30:.2f} GiB; gradients the same; AdamW twice that)")
+        print(f"\n{case} {size}/{seq}, {B} x {seq} tokens: saved for backward {total / 2 ** 20:,.2f} MiB "
+              f"(parameters {params / 2 ** 20:,.2f} MiB; gradients the same; AdamW twice that)")
         print("| module (all layers) | MiB | tensors | e.g. |\n|---|---:|---:|---|")
         for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["bytes"])[:args.top]:
             print(f"| {name} | {r['bytes'] / 2 ** 20:,.0f} | {r['count']} | {'; '.join(r['shapes'][:2])} |")

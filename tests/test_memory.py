@@ -3,6 +3,8 @@ through torch.compile's autograd); the non-finite guard catches a NaN before the
 the module that went bad, and stops with the last good state or skips the step."""
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,8 @@ from duality.model.gpt import AC_MODES
 from duality.model.mixers import REGISTRY as MIXERS
 from duality.trainer.guard import first_nonfinite_output, nonfinite_gradients
 from duality.trainer.objective import Objective
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # saved_activations.py
 
 V, T = 53, 20
 SIZE = {"name": "t", "n_layer": 3, "d_model": 32, "n_heads": 4, "seq_len": T}
@@ -333,48 +337,39 @@ def test_split_linear_is_the_linear_in_parts_of_their_own():
         torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
 
 
-def _like_fla(parallel):
-    """A recurrence as FLA's chunked kernels treat their inputs on the GPU: contiguous copies, kept for backward."""
-    class Kernel(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            args = [a.contiguous() if torch.is_tensor(a) else a for a in args]
-            ctx.save_for_backward(*[a for a in args if torch.is_tensor(a)])
-            return parallel(*args)[0]
+@pytest.mark.parametrize("compiled", [False, True])
+def test_split_linear_under_autocast_keeps_one_copy_of_its_input(compiled):
+    """Under autocast an fp32 x is cast to bf16 for each matmul; split_linear's backward keeps one bf16 copy of x,
+    not one per part (eager: it casts x once; compiled: Inductor's partitioner after CSE)."""
+    from duality.model.core.layers import split_linear
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 24, bias=False)
+    x = torch.randn(2, 5, 16, requires_grad=True) * 1.0  # not a leaf: autocast caches the casts of leaves only
+    copies = set()
 
-    @torch._dynamo.disable  # and, as FLA's kernels, a break in a compiled graph
-    def call(*args, **kw):
-        return Kernel.apply(*args), None
+    @torch._dynamo.disable
+    def pack(t):
+        if t.dtype == torch.bfloat16 and t.numel() == x.numel():  # x, or x as [10, 16]
+            copies.add(t.untyped_storage().data_ptr())
+        return t
 
-    return call
+    torch._dynamo.reset()
+    run = torch.compile(split_linear, backend="aot_eager_decomp_partition") if compiled else split_linear
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        parts = run(x, lin, [16, 8])
+    assert [p.dtype for p in parts] == [torch.bfloat16] * 2 and len(copies) == 1
 
 
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("backbone", ["gla", "retnet", "mamba2", "gated_oja", "deltanet", "gated_deltanet"])
-def test_backward_keeps_no_buffer_it_does_not_use(backbone, compiled, monkeypatch):
+def test_backward_keeps_no_buffer_it_does_not_use(backbone, compiled):
     """Autograd keeps a saved view's whole buffer alive. With the recurrences and the short convolution treating
     their inputs as FLA's kernels do on the GPU (the recurrence keeps contiguous copies; causal_conv1d keeps x as
     given; both break a compiled graph), at least 90% of every buffer kept for backward is reached by what is kept
     (the rest: beta and the decay's input, H of 4 d + 2 H columns), eager and compiled (the partitioner Inductor
     uses). Before split_linear and the l2norm that keeps its output: RetNet's output gate kept all of
     [q | k | v | gate] (25% used), GLA's 38%, DeltaNet's q and k the whole convolution output (67%)."""
-    from duality.model.core import layers
-    from duality.model.mixers import delta_net, gla, oja, scalar_decay
-    for mod, name in ((gla, "gated"), (scalar_decay, "gated"), (oja, "oja"), (delta_net, "delta_rule")):
-        monkeypatch.setattr(mod, name, _like_fla(getattr(mod, name)))
-    conv = layers.ShortConv.forward
-
-    class KeepsX(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w, module, c, name):
-            ctx.save_for_backward(x, w)
-            return conv(module, x, c, name)
-
-    @torch._dynamo.disable
-    def conv_keeping_x(self, x, ctx=layers.TRAINING, name="conv"):
-        return KeepsX.apply(x, self.weight, self, ctx, name)
-
-    monkeypatch.setattr(layers.ShortConv, "forward", conv_keeping_x)
+    from saved_activations import fla_like_kernels
     torch.manual_seed(0)
     m = build_model({"name": backbone}, {"name": "nope"}, {"n_layer": 2, "d_model": 64, "n_heads": 2, "seq_len": 16},
                     V)
@@ -392,7 +387,7 @@ def test_backward_keeps_no_buffer_it_does_not_use(backbone, compiled, monkeypatc
     x, y = torch.randint(0, V, (3, 16)), torch.randint(0, V, (3, 16))
     torch._dynamo.reset()
     run = torch.compile(m, backend="aot_eager_decomp_partition") if compiled else m
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with fla_like_kernels(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run(x, y)
     used = sorted(mask.float().mean().item() for mask in kept.values())
     assert len(used) > 10 and used[0] >= 0.9, used

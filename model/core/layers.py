@@ -26,6 +26,11 @@ def split_linear(x, linear: nn.Linear, sizes) -> list:
     projections of x in one Linear (one parameter) and groups them by what backward keeps: autograd keeps a saved
     view's whole buffer alive, so with one matmul the output gate that the norm-gate keeps held all of
     [q | k | v | gate] (4x the gate, every layer), though FLA's kernels keep their own copies of q, k and v."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and not torch.compiler.is_compiling():
+        # cast x once: autocast casts an fp32 input for every matmul, and backward would keep each copy
+        # (compiled, Inductor forms the cast once by itself)
+        x = x.to(torch.get_autocast_dtype(device))
     biases = [None] * len(sizes) if linear.bias is None else linear.bias.split(sizes)
     return [F.linear(x, w, b) for w, b in zip(linear.weight.split(sizes), biases)]
 
