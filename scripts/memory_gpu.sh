@@ -7,10 +7,13 @@
 #                                            # and their table (OUT/vs_fla.md: speed and memory ratios, the goals)
 #   bash scripts/memory_gpu.sh OUT longest   # one step of 65,536 tokens at contexts 65,536 and 16,384, full
 #                                            # checkpointing and the chunked loss, compiled, each main backbone
-# CASES overrides a part's cases; bench_train.py's --resume keeps the rows of a part cut short (run it again).
+#   bash scripts/memory_gpu.sh OUT profile   # where the time goes against FLA (the speed goal): this repo compiled
+#                                            # and FLA's model eager, each case's top kernels by GPU time
+# CASES overrides a part's cases (FLA_CASES the FLA models of profile); bench_train.py's --resume keeps the rows of
+# a part cut short (run it again).
 set -uo pipefail
-OUT=${1:?usage: memory_gpu.sh OUT saved|ac|fla|longest}
-WHAT=${2:?usage: memory_gpu.sh OUT saved|ac|fla|longest}
+OUT=${1:?usage: memory_gpu.sh OUT saved|ac|fla|longest|profile}
+WHAT=${2:?usage: memory_gpu.sh OUT saved|ac|fla|longest|profile}
 mkdir -p "$OUT"
 bench=(python scripts/bench_train.py --out "$OUT" --resume --steps 5 --warmup 2)
 case $WHAT in
@@ -33,5 +36,10 @@ case $WHAT in
       --tokens 65536 --compile on --tag _longest \
       --set train.activation_checkpointing=full model.fused_loss=true \
       --cases ${CASES:-transformer+rope fox+nope gla+nope gated_deltanet+nope sympow+rope} ;;
-  *) echo "unknown part $WHAT: saved | ac | fla | longest" >&2; exit 2 ;;
+  profile)
+    "${bench[@]}" --settings 370m:4096 --compile off --tag _profile_fla --profile \
+      --cases ${FLA_CASES:-fla:gla fla:retnet}
+    "${bench[@]}" --settings 370m:4096 --compile on --tag _profile_ours --profile \
+      --cases ${CASES:-gla+nope retnet+nope} ;;
+  *) echo "unknown part $WHAT: saved | ac | fla | longest | profile" >&2; exit 2 ;;
 esac
