@@ -2,13 +2,10 @@
 
 import json
 import sys
-from pathlib import Path
 
+import bench_train
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_train  # noqa: E402
 
 
 @pytest.mark.parametrize("case", list(bench_train.CASES))

@@ -4,14 +4,11 @@ forward; packed documents through the varlen kernels == separate documents; the 
 awkward shapes; and the shipped kernel configs (kernels/configs/<GPU>) in use instead of autotuning."""
 
 import copy
-import sys
 
 import pytest
 import torch
-from conftest import ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 BACKBONES = ["transformer", "linear_attn", "gla", "deltanet", "gated_deltanet", "retnet", "mamba2", "fox", "sympow",
              "path", "path_fox", "gated_oja"]

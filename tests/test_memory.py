@@ -3,8 +3,6 @@ through torch.compile's autograd); the non-finite guard catches a NaN before the
 the module that went bad, and stops with the last good state or skips the step."""
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +17,6 @@ from duality.model.gpt import AC_MODES
 from duality.model.mixers import REGISTRY as MIXERS
 from duality.trainer.guard import first_nonfinite_output, nonfinite_gradients
 from duality.trainer.objective import Objective
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # saved_activations.py
 
 V, T = 53, 20
 SIZE = {"name": "t", "n_layer": 3, "d_model": 32, "n_heads": 4, "seq_len": T}
