@@ -33,10 +33,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
 import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -201,7 +203,14 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
                                      autocast, 1.0)
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90)
-        profile.write_text(f"{case} {size}/{seq} compile={compiled}, 3 steps of {B} x {seq} tokens\n{table}")
+        kernels = [(e.key, e.self_device_time_total) for e in prof.key_averages()  # GPU kernels; not the GPU
+                   if e.device_type == torch.autograd.DeviceType.CUDA                # side of record_function ranges
+                   and not getattr(e, "is_user_annotation", False)]              # (Optimizer.step#AdamW.step)
+        listing = "\n".join(f"{us / 3e3:8.2f} ms  {kernel_kind(name)[:24]:24s}  {name[:150]}"
+                             for name, us in sorted(kernels, key=lambda k: -k[1]))
+        profile.write_text(f"{case} {size}/{seq} compile={compiled}, 3 steps of {B} x {seq} tokens, {ms:.1f} ms a step "
+                           f"unprofiled\n{kernel_breakdown(kernels, 3, ms)}\n\n{table}\n\nevery kernel, ms a step:\n"
+                           f"{listing}\n")
     tps = B * seq / (ms / 1e3)
     peak = peak_flops(torch.device(device))
     row = {"case": case, "size": size, "seq_len": seq, "batch": B, "compile": compiled, "ms": ms, "tokens_per_s": tps,
@@ -210,6 +219,36 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
            "loss": float(loss)}
     del model, optimizer, train_model, data
     return row
+
+
+KERNEL_KINDS = [  # (kind, name pattern): the first match wins; what a speed comparison needs to tell apart
+    ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_"),
+    ("attention (SDPA / flash)", r"flash|fmha|attention"),
+    ("optimizer", r"multi_tensor|adam"),
+    ("copies / fills", r"^Memcpy|^Memset|copy_kernel|FillFunctor|CatArrayBatched"),
+    ("torch.compile (Inductor)", r"^triton_"),
+    ("cross-entropy / logits", r"cross_entropy|log_softmax|nll_loss|softmax"),
+    ("PyTorch eager elementwise / reductions", r"at::native|elementwise|reduce_kernel"),
+    ("hand-written Triton (FLA / kernels/)", r"."),
+]
+
+
+def kernel_kind(name: str) -> str:
+    return next(kind for kind, pattern in KERNEL_KINDS if re.search(pattern, name, re.IGNORECASE))
+
+
+def kernel_breakdown(kernels, steps: int, step_ms: float) -> str:
+    """GPU time per step by kind of kernel, from (kernel name, self device time in us) pairs over `steps` steps;
+    the rest of the measured step time is the GPU idle (launch-bound Python, synchronisations)."""
+    per_kind: dict[str, float] = {}
+    for name, us in kernels:
+        per_kind[kernel_kind(name)] = per_kind.get(kernel_kind(name), 0.0) + us / 1e3 / steps
+    busy = sum(per_kind.values())
+    lines = [f"{'kind':42s} {'ms/step':>8s} {'share':>6s}"]
+    for kind, ms in sorted(per_kind.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{kind:42s} {ms:8.1f} {ms / step_ms:6.1%}")
+    lines.append(f"{'GPU idle (step time - kernel time)':42s} {step_ms - busy:8.1f} {(step_ms - busy) / step_ms:6.1%}")
+    return "\n".join(lines)
 
 
 def loop_overhead(out: Path, steps: int):
@@ -367,14 +406,20 @@ def summary(histories) -> str:
 
 
 def vs_fla(paths) -> str:
-    """This repo's models against FLA's own of the same kind (FLA_CASES), from bench_train JSON files: each case's
-    latest row (later files and rows replace earlier ones), ours compiled and eager, FLA's eager (its best mode:
+    """This repo's models against FLA's own of the same kind (FLA_CASES), from bench_train JSON files: FLA's latest
+    row (later files and rows replace earlier ones) and this repo's compiled and eager rows from the same device call
+    as it where there are some (ratios of one machine), else their latest; FLA's eager (its best mode:
     compiled, its models were slower or failed, docs/memory); speed = FLA's ms / ours compiled, memory = ours
     compiled peak / FLA's. The issue's goals: memory <= 1.00x at speed >= 1.30x."""
-    latest = {}
+    rows = defaultdict(list)  # every valid row of a case, in file and row order
     for path in paths:
         for src, r in load_rows(path):
-            latest[key(r)] = (src, r)
+            rows[key(r)].append((src, r))
+    latest = {k: v[-1] for k, v in rows.items()}
+
+    def beside(k, fla):  # ours: the latest row measured in the same device call as FLA's peer, else the latest
+        same = [e for e in rows.get(k, []) if e[0] == fla[0]]
+        return same[-1] if same else latest.get(k)
 
     def cell(entry):
         if entry is None:
@@ -388,8 +433,11 @@ def vs_fla(paths) -> str:
     settings = sorted({(k[1], k[2]) for k in latest})
     for size, seq in settings:
         for peer, (_, _, ours) in FLA_CASES.items():
-            fla, comp, eager = (latest.get((c, size, seq, m)) for c, m in ((peer, False), (ours, True), (ours, False)))
-            if fla is None or (comp is None and eager is None):
+            fla = latest.get((peer, size, seq, False))
+            if fla is None:
+                continue
+            comp, eager = beside((ours, size, seq, True), fla), beside((ours, size, seq, False), fla)
+            if comp is None and eager is None:
                 continue
             ratios, goals = "", ""
             if comp and "error" not in comp[1] and "error" not in fla[1]:
@@ -464,7 +512,8 @@ def main():
                     continue
                 try:
                     mode = "compiled" if compiled else "eager"
-                    prof = out / f"profile_{case.replace('+', '-')}_{size}_{seq}_{mode}.txt"  # '+' is not portable
+                    name = case.replace("+", "-").replace(":", "-")  # '+' and ':' are not portable in file names
+                    prof = out / f"profile_{name}_{size}_{seq}_{mode}.txt"
                     r = measure(case, size, int(seq), compiled, args.steps, args.warmup,
                                 profile=prof if args.profile else None, overrides=args.set, tokens=args.tokens)
                 except Exception as e:  # noqa: BLE001 -- one failing case (OOM, a kernel limit) must not end the run

@@ -107,8 +107,9 @@ def test_activation_checkpointing_reaches_the_cases():
 
 
 def test_vs_fla_table_from_runs_and_call_records(tmp_path):
-    """--vs-fla: each case's latest valid row across files (a run's {"rows"} and docs/memory's {"calls"}), the
-    ratios FLA ms / ours compiled ms and ours GiB / FLA GiB, the goals, failures named, and where each row came from."""
+    """--vs-fla: each case's latest valid row across files (a run's {"rows"} and docs/memory's {"calls"}; ours from
+    the FLA row's own call where it has one), the ratios FLA ms / ours compiled ms and ours GiB / FLA GiB, the goals,
+    failures named, and where each row came from."""
     def row(case, compile, ms, gib, **kw):
         return {"case": case, "size": "370m", "seq_len": 4096, "compile": compile, "ms": ms, "peak_mem_gib": gib, **kw}
     peers = tmp_path / "peers.json"
@@ -120,12 +121,32 @@ def test_vs_fla_table_from_runs_and_call_records(tmp_path):
                                 {"case": "gla+nope", "size": "370m", "seq_len": 4096, "compile": False,
                                  "error": "OutOfMemoryError: CUDA out of memory"}]},
         {"call": "r2", "rows": [row("gla+nope", True, 200.0, 38.0), row("retnet+nope", True, 1.0, 1.0, valid=False),
-                                row("fla:gla", False, 250.0, 40.0)]}]}))
+                                row("fla:gla", False, 250.0, 40.0)]},
+        # later, but another call than FLA's GLA row: r2's row, beside the peer, is the one compared
+        {"call": "r3", "rows": [row("gla+nope", True, 210.0, 38.0), row("retnet+nope", True, 160.0, 44.0)]}]}))
     lines = bench_train.vs_fla([peers, ours]).splitlines()
     cells = {r.split(" ")[1]: [c.strip() for c in r.strip("|").split("|")[1:]] for r in lines[2:]}
     assert cells["gla+nope"] == ["200.0 / 38.0", "out of memory", "250.0 / 40.0", "1.25x / 0.95x", "no / yes",
                                      "ours.json r2; ours.json r1"]
-    # the invalid r2 row is left out
-    assert cells["retnet+nope"] == ["150.0 / 44.0", "not measured", "200.0 / 40.0", "1.33x / 1.10x", "yes / no",
-                                    "ours.json r1; peers.json"]
+    # no row beside FLA's RetNet: the latest (r3); the invalid r2 row is left out
+    assert cells["retnet+nope"] == ["160.0 / 44.0", "not measured", "200.0 / 40.0", "1.25x / 1.10x", "no / no",
+                                    "ours.json r3; peers.json"]
     assert set(cells) == {"gla+nope", "retnet+nope"}  # a peer without this repo's row: no comparison
+
+
+def test_kernel_breakdown_sorts_kernels_by_kind_and_shows_the_idle_time():
+    kernels = [("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", 30_000.0),  # cuBLAS on Hopper
+               ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 6_000.0),
+               ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", 9_000.0),
+               ("chunk_gla_fwd_kernel_o", 3_000.0),
+               ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 300.0),
+               ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 1_500.0),
+               ("Memcpy DtoD (Device -> Device)", 150.0)]
+    assert [bench_train.kernel_kind(n) for n, _ in kernels] == [
+        "matmul", "matmul", "torch.compile (Inductor)", "hand-written Triton (FLA / kernels/)", "copies / fills",
+        "optimizer", "copies / fills"]
+    text = bench_train.kernel_breakdown(kernels, steps=3, step_ms=20.0).splitlines()
+    rows = {line[:42].strip(): float(line[42:].split()[0]) for line in text[1:]}
+    assert rows["matmul"] == 12.0 and rows["torch.compile (Inductor)"] == 3.0 and rows["optimizer"] == 0.5
+    assert rows["GPU idle (step time - kernel time)"] == pytest.approx(20.0 - 49_950 / 3 / 1e3, abs=0.05)
+    assert text[1].startswith("matmul")  # largest first

@@ -1,0 +1,167 @@
+"""How far one seed's result can be trusted: the spread over seeds of recorded synthetic-task runs, and the gap
+between schemes seed by seed.
+
+    python scripts/seed_spread.py docs/synthetic/mqar_d64_h100_2026-11-25.json \
+        docs/synthetic/mqar_d64_seeds_h100_2026-11-25.json --setting mqar256x16 --baseline nope \
+        --out docs/synthetic/mqar_d64_seeds_h100.png
+    python scripts/seed_spread.py outputs/synthetic/mqar --baseline nope     # straight after synthetic_gpu.sh
+
+Reads run records (JSON: {"runs": {name: {"evaluations": [{"step", "val_acc", ...}, ...]}}}, docs/synthetic) or
+run folders (synthetic_gpu.sh's RUNS/<what>: each job's metrics.jsonl), named as synthetic_gpu.sh names its jobs:
+`<setting>-<model ...>-s<seed>[-lr<lr>]` (e.g. mqar256x16-d64-gla-selective_rope-s3-lr4.6e-3). A run scores its
+best evaluation of --metric (Zoology's MQAR score); later files win for a run named twice. Prints one table per
+setting: each model and learning rate (and, with --best-over, "best lr": each seed's best over those learning rates)
+with the mean, the sample standard deviation and every seed's score; then, with --baseline (a model suffix such as
+nope), each model's difference from the baseline seed by seed (the seeds both ran): the mean difference, its
+standard error and how many seeds favour the model. --out draws the scores (one dot a seed, a bar at the mean) per
+setting and learning rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+NAME = re.compile(r"^(?P<setting>[^-]+)-(?P<model>.+?)-s(?P<seed>\d+)(?:-lr(?P<lr>.+))?$")
+
+
+def load(paths, metric: str = "val_acc") -> dict:
+    """{(setting, model, lr): {seed: best metric}} from run-record files; lr is "task" for the task's default."""
+    scores: dict = defaultdict(dict)
+    for path in map(Path, paths):
+        if path.is_dir():  # synthetic_gpu.sh's RUNS/<what>: one folder a job, its evaluations in metrics.jsonl
+            runs = {d.name: {"evaluations": [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()
+                                             if line.strip()]}
+                    for d in sorted(path.iterdir()) if (d / "metrics.jsonl").exists()}
+        else:
+            runs = json.loads(path.read_text())["runs"]
+        for name, run in runs.items():
+            m = NAME.match(name)
+            if m is None:
+                raise SystemExit(f"{path}: run {name!r} is not named <setting>-<model>-s<seed>[-lr<lr>] "
+                                 "(scripts/synthetic_gpu.sh's job names)")
+            values = [e[metric] for e in run["evaluations"] if e.get(metric) is not None]
+            if values:
+                scores[(m["setting"], m["model"], m["lr"] or "task")][int(m["seed"])] = max(values)
+    return dict(scores)
+
+
+def with_best_lr(scores: dict, grid: list[str]) -> dict:
+    """Adds (setting, model, "best lr"): each seed's best over the learning rates of `grid`, for the seeds that ran
+    all of them (a best over fewer would not be the same statistic)."""
+    best: dict = defaultdict(dict)
+    for setting, model in {k[:2] for k in scores}:
+        runs = [scores.get((setting, model, lr), {}) for lr in grid]
+        for seed in set.intersection(*(set(r) for r in runs)):
+            best[(setting, model, "best lr")][seed] = max(r[seed] for r in runs)
+    return {**scores, **best}
+
+
+def mean_sd(values) -> tuple[float, float]:
+    values = list(values)
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def paired(model: dict, baseline: dict) -> dict | None:
+    """model - baseline over the seeds both ran: mean, standard error, seeds in favour, seeds compared."""
+    seeds = sorted(set(model) & set(baseline))
+    if not seeds:
+        return None
+    d = [model[s] - baseline[s] for s in seeds]
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return {"mean": statistics.fmean(d), "se": se, "favour": sum(x > 0 for x in d), "n": len(d)}
+
+
+def spread(x: float) -> str:
+    return "" if math.isnan(x) else f" ± {100 * x:.1f}"  # one seed: no spread to show
+
+
+def report(scores: dict, baseline: str | None = None) -> str:
+    lines = []
+    for setting in sorted({k[0] for k in scores}):
+        keys = sorted((k for k in scores if k[0] == setting), key=lambda k: (lr_order(k[2]), k[1]))
+        lines += [f"{setting}: best evaluation of each run, %", "",
+                  "| model | lr | seeds | mean ± sd | each seed |", "|---|---|---:|---:|---|"]
+        for _, model, lr in keys:
+            by_seed = scores[(setting, model, lr)]
+            mu, sd = mean_sd(by_seed.values())
+            each = ", ".join(f"s{s} {100 * v:.1f}" for s, v in sorted(by_seed.items()))
+            lines.append(f"| {model} | {lr} | {len(by_seed)} | {100 * mu:.1f}{spread(sd)} | {each} |")
+        if baseline:
+            lines += ["", f"{setting}, difference from *{baseline}* seed by seed (points):", "",
+                      "| model | lr | mean ± s.e. | seeds in favour |", "|---|---|---:|---:|"]
+            for _, model, lr in keys:
+                base = next((scores[k] for k in keys if k[2] == lr and k[1].endswith(baseline)), None)
+                if base is None or model.endswith(baseline):
+                    continue
+                p = paired(scores[(setting, model, lr)], base)
+                if p:
+                    lines.append(f"| {model} | {lr} | {100 * p['mean']:+.1f}{spread(p['se'])} | "
+                                 f"{p['favour']} of {p['n']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def lr_order(lr: str) -> tuple:
+    try:
+        return (0, float(lr))
+    except ValueError:  # "task" and "best lr" after the numbers
+        return (1, lr)
+
+
+def plot(scores: dict, path: Path) -> None:
+    """One row of panels per setting, one panel per learning rate: a dot per seed, a bar at the mean."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    settings = sorted({k[0] for k in scores})
+    lrs = sorted({k[2] for k in scores}, key=lr_order)
+    fig, axes = plt.subplots(len(settings), len(lrs), figsize=(2.6 * len(lrs), 2.8 * len(settings)), dpi=120,
+                             squeeze=False, sharey=True)
+    for ax_row, setting in zip(axes, settings):
+        for ax, lr in zip(ax_row, lrs):
+            models = sorted(k[1] for k in scores if k[0] == setting and k[2] == lr)
+            for i, model in enumerate(models):
+                by_seed = scores[(setting, model, lr)]
+                ax.scatter([i] * len(by_seed), [100 * v for v in by_seed.values()], color=f"C{i}", s=14, zorder=3)
+                ax.hlines(100 * statistics.fmean(by_seed.values()), i - 0.3, i + 0.3, color=f"C{i}", lw=2)
+            ax.set_xticks(range(len(models)), [m.rsplit("-", 1)[-1] for m in models], fontsize=7)
+            ax.set_title(f"{setting}, " + (lr if lr == "best lr" else f"lr {lr}"), fontsize=8)
+            ax.set_ylim(0, 100)
+            ax.grid(alpha=0.3, axis="y")
+        ax_row[0].set_ylabel("best accuracy, %")
+    fig.suptitle("dot: a seed; bar: the mean", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("records", nargs="+", type=Path)
+    ap.add_argument("--setting", help="a regex on the setting (the job name's first part), e.g. mqar256x16")
+    ap.add_argument("--metric", default="val_acc")
+    ap.add_argument("--baseline", help="the model (a suffix of its name, e.g. nope) to compare with seed by seed")
+    ap.add_argument("--best-over", help="a comma list of learning rates (as the run names spell them): add each "
+                    "seed's best over them, for the seeds that ran them all")
+    ap.add_argument("--out", type=Path, help="a PNG of every seed's score")
+    args = ap.parse_args()
+    scores = load(args.records, args.metric)
+    if args.setting:
+        scores = {k: v for k, v in scores.items() if re.search(args.setting, k[0])}
+        if not scores:
+            raise SystemExit(f"no run's setting matches {args.setting!r}")
+    if args.best_over:
+        scores = with_best_lr(scores, args.best_over.split(","))
+    print(report(scores, args.baseline))
+    if args.out:
+        plot(scores, args.out)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""scripts/seed_spread.py: the spread over seeds and the seed-by-seed gaps that the README's MQAR verdict rests on."""
+
+import json
+
+import pytest
+import seed_spread
+
+
+def records(tmp_path, runs: dict, name="runs.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"runs": {k: {"evaluations": [{"step": i, "val_acc": a} for i, a in enumerate(v)]}
+                                         for k, v in runs.items()}}))
+    return path
+
+
+def test_scores_are_each_runs_best_evaluation_and_later_files_win(tmp_path):
+    a = records(tmp_path, {"mqar256x16-d64-gla-nope-s0-lr1e-2": [0.1, 0.5, 0.4],
+                           "mqar256x16-d64-gla-selective_rope-s1-lr4.6e-3": [0.2],
+                           "s2-gla_st-nope-s3": [0.3]}, "a.json")
+    b = records(tmp_path, {"mqar256x16-d64-gla-nope-s0-lr1e-2": [0.7]}, "b.json")
+    scores = seed_spread.load([a, b])
+    assert scores == {("mqar256x16", "d64-gla-nope", "1e-2"): {0: 0.7},
+                      ("mqar256x16", "d64-gla-selective_rope", "4.6e-3"): {1: 0.2},
+                      ("s2", "gla_st-nope", "task"): {3: 0.3}}
+    assert seed_spread.load([a])[("mqar256x16", "d64-gla-nope", "1e-2")] == {0: 0.5}
+    bad = records(tmp_path, {"no_seed_here": [0.1]}, "bad.json")
+    with pytest.raises(SystemExit, match="no_seed_here"):
+        seed_spread.load([bad])
+
+
+def test_best_over_learning_rates_only_for_seeds_that_ran_them_all():
+    scores = {("m", "x-nope", "1e-3"): {0: 0.2, 1: 0.6, 2: 0.9},
+              ("m", "x-nope", "1e-2"): {0: 0.5, 1: 0.4}}
+    best = seed_spread.with_best_lr(scores, ["1e-3", "1e-2"])[("m", "x-nope", "best lr")]
+    assert best == {0: 0.5, 1: 0.6}  # seed 2 ran one of the two
+
+
+def test_paired_differences_and_the_table(tmp_path):
+    scores = {("m", "x-nope", "1e-3"): {0: 0.40, 1: 0.50, 2: 0.60},
+              ("m", "x-sel", "1e-3"): {0: 0.50, 1: 0.70, 2: 0.55, 3: 0.99}}
+    p = seed_spread.paired(scores[("m", "x-sel", "1e-3")], scores[("m", "x-nope", "1e-3")])
+    # seeds 0-2 only: differences 0.10, 0.20, -0.05
+    assert p["n"] == 3 and p["favour"] == 2 and p["mean"] == pytest.approx(0.25 / 3)
+    assert p["se"] == pytest.approx(0.12583 / 3 ** 0.5, rel=1e-4)
+    text = seed_spread.report(scores, baseline="nope")
+    assert "| x-nope | 1e-3 | 3 | 50.0 ± 10.0 | s0 40.0, s1 50.0, s2 60.0 |" in text
+    assert "| x-sel | 1e-3 | +8.3 ± 7.3 | 2 of 3 |" in text
+    seed_spread.plot(seed_spread.with_best_lr(scores, ["1e-3"]), tmp_path / "seeds.png")
+    assert (tmp_path / "seeds.png").stat().st_size > 0
+
+
+def test_reads_synthetic_gpu_run_folders(tmp_path):
+    for name, accs in {"mqar64x4-d64-gla-rope-s0-lr1e-3": [0.2, 0.3], "mqar64x4-d64-gla-rope-s1-lr1e-3": [0.6]}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(
+            "\n".join(json.dumps({"step": i, "val_acc": a}) for i, a in enumerate(accs)) + '\n{"step": 9, "loss": 1}\n')
+    (tmp_path / "results.md").write_text("not a run")
+    assert seed_spread.load([tmp_path]) == {("mqar64x4", "d64-gla-rope", "1e-3"): {0: 0.3, 1: 0.6}}
