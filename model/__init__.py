@@ -79,6 +79,9 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
     p = model.get("embed_dropout", 0.0)
     if not (isinstance(p, (int, float)) and 0 <= p < 1):
         raise ConfigError(f"model.embed_dropout={p!r} must be in [0, 1)")
+    if model.get("sparse_loss") and not model.get("fused_loss"):
+        raise ConfigError("model.sparse_loss=true computes the chunked loss at the scored positions only: it needs "
+                          "model.fused_loss=true")
     pattern = model.get("layer_mixers")
     if pattern is not None:
         bad = [m for m in pattern if m != "backbone" and m not in MIXERS]

@@ -75,6 +75,7 @@ def test_unknown_group_option_lists_choices():
     ("train.steps=0", "steps"),
     ("train.profile_steps=-1", "integer >= 0"),
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
+    ("model.sparse_loss=true", "needs model.fused_loss=true"),
 ])
 def test_bad_config_fails_before_work(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):

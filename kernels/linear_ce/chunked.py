@@ -10,7 +10,7 @@ CHUNK_ELEMENTS = 1 << 29  # fp32 logits per chunk (2 GiB): 10,496 tokens of a 50
 
 
 def _chunks(n: int, vocab: int) -> int:
-    return max(256, CHUNK_ELEMENTS // vocab // 256 * 256) if n * vocab > CHUNK_ELEMENTS else n
+    return max(256, CHUNK_ELEMENTS // vocab // 256 * 256) if n * vocab > CHUNK_ELEMENTS else max(n, 1)  # n = 0: no rows
 
 
 def _loss_and_grad(h, weight, targets, ignore_index, with_grad: bool):

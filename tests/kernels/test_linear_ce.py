@@ -81,6 +81,35 @@ def test_model_loss_and_gradients_equal_the_plain_logits_path(monkeypatch):
         torch.testing.assert_close(fused[n], p.grad, rtol=1e-9, atol=1e-12, msg=n)
 
 
+def test_sparse_loss_scores_only_the_targets_with_the_same_loss_and_gradients(monkeypatch):
+    """model.sparse_loss (MQAR: a target at 1 position in 16): the loss and every gradient as with all positions,
+    with only the scored rows reaching the head."""
+    import duality.model.gpt as gpt
+    cfg = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 64, "tie_embeddings": True, "fused_loss": True}
+    dense = build_model({"name": "gla"}, {"name": "nope"}, cfg, 300).double()
+    sparse = build_model({"name": "gla"}, {"name": "nope"}, {**cfg, "sparse_loss": True}, 300).double()
+    sparse.load_state_dict(dense.state_dict())
+    rows = []
+    real = gpt.linear_cross_entropy
+    monkeypatch.setattr(gpt, "linear_cross_entropy", lambda h, *a: rows.append(h.shape[0]) or real(h, *a))
+    idx = torch.randint(0, 300, (3, 48))
+    tgt = torch.full_like(idx, -1)
+    tgt[:, 7::16] = idx[:, 8::16]  # 3 scored positions a row
+    grads = []
+    for m in (dense, sparse):
+        _, loss = m(idx, tgt)
+        loss.backward()
+        grads.append((loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    assert rows == [3 * 48, 9]
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-12)
+    for n, g in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][n], g, rtol=1e-9, atol=1e-12, msg=n)
+    sparse.zero_grad()
+    _, loss = sparse(idx, torch.full_like(idx, -1))  # nothing scored: loss 0, zero gradients, no error
+    loss.backward()
+    assert loss.item() == 0.0 and all(p.grad is None or p.grad.abs().max() == 0 for p in sparse.parameters())
+
+
 def test_shape_errors():
     h, w, y = _inputs()
     with pytest.raises(ValueError, match=r"h \[N, d\], weight \[V, d\], targets \[N\]"):
