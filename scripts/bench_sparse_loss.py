@@ -15,6 +15,7 @@ import statistics
 import time
 
 import torch
+from bench_train import compose  # scripts/ is on sys.path when a script runs
 
 from duality.model import build_model
 
@@ -43,17 +44,19 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    cfg = {"n_layer": 2, "d_model": args.d_model, "n_heads": 2, "seq_len": args.seq_len, "mlp_hidden": 0,
-           "tie_embeddings": True, "norm": "layer", "layer_mixers": ["base_conv", "backbone"], "fused_loss": True}
+    task = ["task=mqar", "backbone=gla", "pe=nope", f"model.d_model={args.d_model}", f"data.seq_len={args.seq_len}",
+            f"data.num_kv_pairs={args.pairs}"]
+    vocab = compose(task).data.vocab_size
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, 8192, (args.batch, args.seq_len), generator=g).to(args.device)
+    idx = torch.randint(0, vocab, (args.batch, args.seq_len), generator=g).to(args.device)
     tgt = torch.full_like(idx, -1)
     tgt[:, args.seq_len // 2::args.seq_len // 2 // args.pairs] = 5  # the query positions of the second half
     print(f"{args.device}, {torch.get_num_threads()} threads, d_model {args.d_model}, {args.batch} x {args.seq_len} "
           f"tokens, {int((tgt >= 0).sum(1)[0])} scored a row")
     for sparse in (False, True):
         torch.manual_seed(0)
-        model = build_model({"name": "gla"}, {"name": "nope"}, {**cfg, "sparse_loss": sparse}, 8192).to(args.device)
+        cfg = compose([*task, f"model.sparse_loss={str(sparse).lower()}"])  # task=mqar's model, as train.py builds it
+        model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab).to(args.device)
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         ms = step_ms(model, idx, tgt, args.steps, args.device)

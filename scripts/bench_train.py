@@ -242,7 +242,8 @@ def kernel_breakdown(kernels, steps: int, step_ms: float) -> str:
     the rest of the measured step time is the GPU idle (launch-bound Python, synchronisations)."""
     per_kind: dict[str, float] = {}
     for name, us in kernels:
-        per_kind[kernel_kind(name)] = per_kind.get(kernel_kind(name), 0.0) + us / 1e3 / steps
+        kind = kernel_kind(name)
+        per_kind[kind] = per_kind.get(kind, 0.0) + us / 1e3 / steps
     busy = sum(per_kind.values())
     lines = [f"{'kind':42s} {'ms/step':>8s} {'share':>6s}"]
     for kind, ms in sorted(per_kind.items(), key=lambda kv: -kv[1]):

@@ -13,10 +13,10 @@
 # SEEDS (default 0), LRS (a comma list; default: the task's lr) and EXTRA (more Hydra overrides, e.g.
 # train.time_limit=400: each job checkpoints and pauses then, to go on when run again) apply to every job; ONLY (a
 # regex on job names) keeps some; PARALLEL (default: all) caps the jobs running at once (MQAR (256, 16) on 80 GB,
-# 2026-11-25: 6 fit, 12 did not, before evaluation's fp32 logits were cut to the scored positions); DEADLINE (a Unix
-# time) gives each job the train.time_limit that ends it by then and starts no job in the last minute. Runs live in RUNS
-# (default outputs/synthetic); a job whose folder has a checkpoint resumes from it (resume=auto), so a sweep longer
-# than one sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the
+# 2026-11-25: 9 fit, 12 did not, each job's peak the training loss's logit chunk, before model.sparse_loss);
+# DEADLINE (a Unix time) gives each job the train.time_limit that ends it by then and starts no job in the last
+# minute. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes from it
+# (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the
 # end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots (no checkpoints) and
 # scripts/collect_sweep.py's table and figures.
 set -uo pipefail
