@@ -12,8 +12,8 @@
 # Budget: EPOCHS (default 2) of the task's training examples with the task's own schedule over them, or STEPS.
 # SEEDS (default 0), LRS (a comma list; default: the task's lr) and EXTRA (more Hydra overrides, e.g.
 # train.time_limit=400: each job checkpoints and pauses then, to go on when run again) apply to every job; ONLY (a
-# regex on job names) keeps some; PARALLEL (default: all) caps the jobs running at once (MQAR (256, 16) on 80 GB,
-# 2026-11-25: 9 fit, 12 did not, each job's peak the training loss's logit chunk, before model.sparse_loss);
+# regex on job names) keeps some; PARALLEL (default: all) caps the jobs running at once (MQAR (256, 16) at d_model 64
+# on the H100, 2026-11-25: 18 at once fit, 2.2 GiB logged a job; 24 at once ran out of memory at evaluation);
 # DEADLINE (a Unix time) gives each job the train.time_limit that ends it by then and starts no job in the last
 # minute. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes from it
 # (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the
@@ -25,6 +25,9 @@ WHAT=${2:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
 RUNS=${RUNS:-outputs/synthetic}
 budget=(train.epochs=${EPOCHS:-2})
 [ -n "${STEPS:-}" ] && budget=(train.steps=$STEPS train.epochs=null)
+# One CPU thread a job: with PyTorch's default (a thread per core) two dozen small jobs on 16 cores ran 1.6x slower
+# in all (README, MQAR). OMP_NUM_THREADS set by the caller wins.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 common=(logger.mode=disabled train.progress=false "${budget[@]}" ${EXTRA:-})
 jobs=()  # "name|overrides..."
 case $WHAT in
