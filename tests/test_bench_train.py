@@ -89,8 +89,9 @@ def test_merge_appends_a_run_to_a_history(tmp_path):
 @pytest.mark.parametrize("case", list(bench_train.FLA_CASES))
 def test_fla_peers_have_this_repos_shape(case):
     """FLA's own model of each kind, built at the 370m shape (not run: its kernels need a GPU): the same width,
-    depth, heads, MLP and vocabulary, so its parameter count is within 12% of this repo's model of that kind (the
-    kinds differ in gate and convolution parameters)."""
+    depth, heads, MLP and vocabulary, and the same parameter count as this repo's model of that kind, to the
+    parameter, so the --vs-fla table compares models of one shape (PaTH: its w projection of rank 32, `w_rank`, as
+    FLA's; with a full one it had 23.6M more)."""
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         peer, _ = bench_train.build(case, "370m", 4096, 32000)
         ours, _ = bench_train.build(bench_train.FLA_CASES[case][2], "370m", 4096, 32000)
@@ -98,7 +99,7 @@ def test_fla_peers_have_this_repos_shape(case):
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_heads, cfg.intermediate_size, cfg.vocab_size) == \
         (1024, 24, 16, 2816, 32000)
     n_peer, n_ours = sum(p.numel() for p in peer.parameters()), ours.num_params()
-    assert abs(n_peer / n_ours - 1) < 0.12, (n_peer, n_ours)
+    assert n_peer == n_ours, (n_peer, n_ours)
 
 
 def test_activation_checkpointing_reaches_the_cases():

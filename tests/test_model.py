@@ -100,6 +100,16 @@ def test_bad_shapes_and_names(backbone, pe, size, match):
         build_model({"name": backbone}, {"name": pe}, {**SIZE, **size}, V)
 
 
+def test_path_w_rank_is_low_rank_full_or_refused():
+    d = SIZE["d_model"]
+    count = lambda rank: sum(p.numel() for p in build_model(  # noqa: E731
+        {"name": "path", "w_rank": rank}, {"name": "nope"}, SIZE, V).blocks[0].mixer.w_proj.parameters())
+    assert count(4) == 2 * 4 * d and count(None) == d * d
+    for bad in (0, d + 1):
+        with pytest.raises(ConfigError, match=f"w_rank={bad} must be in 1..d_model={d}"):
+            build_model({"name": "path_fox", "w_rank": bad}, {"name": "nope"}, SIZE, V)
+
+
 def test_unknown_option_names_valid_ones():
     with pytest.raises(ConfigError, match=r"valid options: \['qk_norm'\]"):
         build_model({"name": "transformer", "qk_nrom": True}, {"name": "rope"}, SIZE, V)

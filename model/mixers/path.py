@@ -2,6 +2,7 @@
 
     q, k, v = x W_q, x W_k, x W_v
     w_t     = L2norm(ShortConv(x W_w))_t,   beta_t = 2 sigmoid(x_t w_beta)  in (0, 2)
+    W_w     = W_down W_up  of rank w_rank (32, as FLA's PaTHAttention, the paper authors' code; null: full)
     score_ij = q_i^T (H_i ... H_{j+1})^T k_j / sqrt(D) (+ c_i - c_j),   H_s = I - beta_s w_s w_s^T
     f_t = logsigmoid(x_t w_f + b_f), c = cumsum(f)                          (path_fox only: FoX's forget gate)
 
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from duality.common.errors import ConfigError
 from duality.kernels.path_attention import householder, path_attention
 
 from ..core.context import TRAINING
@@ -32,11 +34,18 @@ class _PaTH(Mixer):
     pe_kinds = ("none", "rotary")
     forget_gate = False
 
-    def __init__(self, d_model, n_heads, pe=None, *, conv_size: int = 3, qk_norm: bool = False):
+    def __init__(self, d_model, n_heads, pe=None, *, conv_size: int = 3, qk_norm: bool = False,
+                 w_rank: int | None = 32):
         super().__init__(d_model, n_heads, pe)
         H = n_heads
+        if w_rank is not None and not 1 <= w_rank <= d_model:
+            raise ConfigError(f"backbone={self.name}: w_rank={w_rank} must be in 1..d_model={d_model}, or null for "
+                              "a full projection")
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.w_proj = nn.Linear(d_model, d_model, bias=False)
+        # w only sets the Householder directions (it is L2-normalised), so a low rank costs little and keeps the
+        # parameter count of FLA's PaTH (24M fewer at 370m than a full d x d projection)
+        self.w_proj = nn.Linear(d_model, d_model, bias=False) if w_rank is None else nn.Sequential(
+            nn.Linear(d_model, w_rank, bias=False), nn.Linear(w_rank, d_model, bias=False))
         self.w_conv = ShortConv(d_model, conv_size)
         self.b_proj = nn.Linear(d_model, H, bias=True)
         self.f_proj = nn.Linear(d_model, H, bias=True) if self.forget_gate else None
