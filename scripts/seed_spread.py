@@ -13,7 +13,8 @@ best evaluation of --metric (Zoology's MQAR score); later files win for a run na
 setting: each model and learning rate (and, with --best-over, "best lr": each seed's best over those learning rates)
 with the mean, the sample standard deviation and every seed's score; then, with --baseline (a model suffix such as
 nope), each model's difference from the baseline seed by seed (the seeds both ran): the mean difference, its
-standard error and how many seeds favour the model. --out draws the scores (one dot a seed, a bar at the mean) per
+standard error and how many seeds favour the model; with several settings, also pooled over all their (setting, seed)
+pairs. --out draws the scores (one dot a seed, a bar at the mean) per
 setting and learning rate.
 """
 
@@ -93,18 +94,32 @@ def report(scores: dict, baseline: str | None = None) -> str:
             each = ", ".join(f"s{s} {100 * v:.1f}" for s, v in sorted(by_seed.items()))
             lines.append(f"| {model} | {lr} | {len(by_seed)} | {100 * mu:.1f}{spread(sd)} | {each} |")
         if baseline:
-            lines += ["", f"{setting}, difference from *{baseline}* seed by seed (points):", "",
-                      "| model | lr | mean ± s.e. | seeds in favour |", "|---|---|---:|---:|"]
-            for _, model, lr in keys:
-                base = next((scores[k] for k in keys if k[2] == lr and k[1].endswith(baseline)), None)
-                if base is None or model.endswith(baseline):
-                    continue
-                p = paired(scores[(setting, model, lr)], base)
-                if p:
-                    lines.append(f"| {model} | {lr} | {100 * p['mean']:+.1f}{spread(p['se'])} | "
-                                 f"{p['favour']} of {p['n']} |")
+            lines += ["", f"{setting}, difference from *{baseline}* seed by seed (points):", ""]
+            lines += differences(scores, [setting], keys, baseline, "seeds in favour")
         lines.append("")
+    settings = sorted({k[0] for k in scores})
+    if baseline and len(settings) > 1:  # the same model and lr in every setting: one test over all the pairs
+        keys = sorted({(None, *k[1:]) for k in scores}, key=lambda k: (lr_order(k[2]), k[1]))
+        lines += [f"{' + '.join(settings)}, difference from *{baseline}*, (setting, seed) pairs pooled (points):", ""]
+        lines += differences(scores, settings, keys, baseline, "pairs in favour") + [""]
     return "\n".join(lines)
+
+
+def differences(scores: dict, settings: list[str], keys, baseline: str, favour: str) -> list[str]:
+    """The table of model - baseline at each (model, lr) of keys, over the (setting, seed) pairs of `settings`."""
+    lines = [f"| model | lr | mean ± s.e. | {favour} |", "|---|---|---:|---:|"]
+    for _, model, lr in keys:
+        if model.endswith(baseline):
+            continue
+        ours, base = {}, {}
+        for setting in settings:
+            b = next((v for k, v in scores.items() if k[0] == setting and k[2] == lr and k[1].endswith(baseline)), {})
+            ours.update({(setting, s): v for s, v in scores.get((setting, model, lr), {}).items()})
+            base.update({(setting, s): v for s, v in b.items()})
+        p = paired(ours, base)
+        if p:
+            lines.append(f"| {model} | {lr} | {100 * p['mean']:+.1f}{spread(p['se'])} | {p['favour']} of {p['n']} |")
+    return lines
 
 
 def lr_order(lr: str) -> tuple:

@@ -56,3 +56,13 @@ def test_reads_synthetic_gpu_run_folders(tmp_path):
             "\n".join(json.dumps({"step": i, "val_acc": a}) for i, a in enumerate(accs)) + '\n{"step": 9, "loss": 1}\n')
     (tmp_path / "results.md").write_text("not a run")
     assert seed_spread.load([tmp_path]) == {("mqar64x4", "d64-gla-rope", "1e-3"): {0: 0.3, 1: 0.6}}
+
+
+def test_differences_pool_the_pairs_of_every_setting():
+    scores = {("a", "x-nope", "1e-3"): {0: 0.40, 1: 0.50}, ("a", "x-sel", "1e-3"): {0: 0.50, 1: 0.70},
+              ("b", "x-nope", "1e-3"): {0: 0.60, 1: 0.60}, ("b", "x-sel", "1e-3"): {0: 0.55, 1: 0.90}}
+    text = seed_spread.report(scores, baseline="nope")
+    # pairs (a,0) +0.10, (a,1) +0.20, (b,0) -0.05, (b,1) +0.30: mean 0.1375, sd 0.1493
+    assert "a + b, difference from *nope*, (setting, seed) pairs pooled (points):" in text
+    assert "| x-sel | 1e-3 | +13.8 ± 7.5 | 3 of 4 |" in text
+    assert "pooled" not in seed_spread.report({k: v for k, v in scores.items() if k[0] == "a"}, baseline="nope")
