@@ -14,8 +14,7 @@ setting: each model and learning rate (and, with --best-over, "best lr": each se
 with the mean, the sample standard deviation and every seed's score; then, with --baseline (a model suffix such as
 nope), each model's difference from the baseline seed by seed (the seeds both ran): the mean difference, its
 standard error and how many seeds favour the model; with several settings, also pooled over all their (setting, seed)
-pairs. --out draws the scores (one dot a seed, a bar at the mean) per
-setting and learning rate.
+pairs. --out draws the scores (one dot a seed, a bar at the mean) per setting and learning rate.
 """
 
 from __future__ import annotations
