@@ -37,9 +37,11 @@ def fla_like_kernels():
     """Within it, on a CPU, the recurrences and the short convolution treat their inputs as FLA's GPU kernels do, so
     that what autograd keeps can be counted without a GPU (forward only: the stand-ins have no backward). The
     recurrences keep contiguous copies of their inputs (FLA's input_guard), causal_conv1d keeps x as given, and
-    both break a compiled graph."""
+    both break a compiled graph. Yields the count of stand-in calls ({"recurrence": n, "conv": n}), so a caller can
+    tell that they ran."""
     from duality.model.core import layers
-    from duality.model.mixers import delta_net, gla, oja, scalar_decay
+    from duality.model.mixers.base import Mixer
+    calls = {"recurrence": 0, "conv": 0}
 
     def copying(parallel):
         class Kernel(torch.autograd.Function):
@@ -51,6 +53,7 @@ def fla_like_kernels():
 
         @torch._dynamo.disable
         def call(*args, **kw):
+            calls["recurrence"] += 1
             return Kernel.apply(*args), None
         return call
 
@@ -64,19 +67,22 @@ def fla_like_kernels():
 
     @torch._dynamo.disable
     def conv_keeping_x(self, x, ctx=layers.TRAINING, name="conv"):
+        calls["conv"] += 1
         return KeepsX.apply(x, self.weight, self, ctx, name)
 
-    patched = [(mod, name, getattr(mod, name)) for mod, name in
-               ((gla, "gated"), (scalar_decay, "gated"), (oja, "oja"), (delta_net, "delta_rule"))]
-    patched.append((layers.ShortConv, "forward", conv))
+    # every recurrent mixer runs its kernel through Mixer.recurrence: the one place to swap it
+    recurrence = Mixer.__dict__["recurrence"]
+
+    def recurrence_like_fla(parallel, step, args, ctx):
+        return recurrence.__func__(copying(parallel), step, args, ctx)
+
     try:
-        for mod, name, f in patched[:-1]:
-            setattr(mod, name, copying(f))
+        Mixer.recurrence = staticmethod(recurrence_like_fla)
         layers.ShortConv.forward = conv_keeping_x
-        yield
+        yield calls
     finally:
-        for mod, name, f in patched:
-            setattr(mod, name, f)
+        Mixer.recurrence = recurrence
+        layers.ShortConv.forward = conv
 
 
 def saved_by_module(model, x, y, autocast, stand_ins=nullcontext(), backward=True) -> tuple[dict[str, dict], float]:
