@@ -28,6 +28,12 @@ def path_scores(q, k, w, beta):
 
 
 def path_attention_reference(q, k, v, w, beta, log_decay=None, scale=None):
+    # in fp32 (float64 for the oracle tests) even under autocast, which would run the einsums in bf16
+    with torch.autocast(q.device.type, enabled=False):
+        return _reference(q, k, v, w, beta, log_decay, scale)
+
+
+def _reference(q, k, v, w, beta, log_decay, scale):
     out_dtype = q.dtype
     dt = torch.promote_types(q.dtype, torch.float32)
     q, k, v, w, beta = (t.to(dt) for t in (q, k, v, w, beta))

@@ -71,7 +71,9 @@ class _PaTH(Mixer):
             o = path_attention(q, k, v, w, beta, f)
         else:
             o = self._step(q, k, v, w, beta, f, ctx.state)
-        return self.o_proj(o.reshape(B, T, self.d_model).to(x.dtype))
+        # o is in q's dtype (FLA's kernel and the reference alike): no cast to x's, which under autocast was a
+        # bf16 -> fp32 -> bf16 round trip
+        return self.o_proj(o.reshape(B, T, self.d_model))
 
     def log_gate(self, x):
         return F.logsigmoid(up(self.f_proj(x))) if self.f_proj is not None else None
