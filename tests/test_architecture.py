@@ -166,3 +166,18 @@ def test_every_backbone_and_scheme_option_is_in_the_composed_config():
         compose(["backbone=fox", "backbone.qk_norm=maybe"])
     with pytest.raises(ConfigCompositionException, match="foo"):
         compose(["backbone=gla", "backbone.foo=1"])
+
+
+def test_readme_overview_lists_every_config_choice():
+    """The README's "What exists today" table has a row per config group naming every yaml of it (the six MAD tasks
+    as `mad_*`), so a new component cannot be left out of the overview."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("**What exists today**"):readme.index("## Quick start")].splitlines()
+    missing = {}
+    for group in sorted(p for p in (ROOT / "conf").iterdir() if p.is_dir()):
+        row = next((line for line in table if line.startswith(f"| `{group.name}` |")), "")
+        names = [p.stem for p in group.glob("*.yaml")]
+        absent = [n for n in names if f"`{n}`" not in row and not (n.startswith("mad_") and "`mad_*`" in row)]
+        if absent:
+            missing[group.name] = sorted(absent)
+    assert not missing, f"README overview lacks {missing}"
