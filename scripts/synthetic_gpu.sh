@@ -16,9 +16,9 @@
 # on the H100, 2026-11-25: 18 at once fit, 2.2 GiB logged a job; 24 at once ran out of memory at evaluation);
 # DEADLINE (a Unix time) gives each job the train.time_limit that ends it by then and starts no job in the last
 # minute. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes from it
-# (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the
-# end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots (no checkpoints) and
-# scripts/collect_sweep.py's table and figures.
+# (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is
+# finished and not started again. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
+# (no checkpoints) and scripts/collect_sweep.py's table and figures.
 set -uo pipefail
 OUT=${1:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
 WHAT=${2:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
