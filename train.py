@@ -56,7 +56,7 @@ def run(cfg) -> dict:
         model = build_model(cfg.backbone, cfg.pe, run_cfg["model"], objective.vocab_size).to(rt.device)
         if ckpt is not None:  # into the whole model, before FSDP shards it
             load_weights(model, ckpt["model"], ckpt_path)
-        model.set_activation_checkpointing(t.activation_checkpointing, compile_blocks=t.compile)  # before compile, FSDP
+        model.set_activation_checkpointing(t.activation_checkpointing, t.compile, t.compile_mode)  # before compile, FSDP
         rt.shard(model)
         optimizer = make_optimizer(model, cfg.optim, fused=rt.cuda)
         scheduler = make_schedule(optimizer, cfg.optim, steps)
@@ -69,7 +69,7 @@ def run(cfg) -> dict:
             if rt.master:
                 print(f"this run stopped at step {start} with accuracy {ckpt['stopped_at_acc']:.4f} >= "
                       "train.stop_acc; nothing to do (train.stop_acc=null trains on)")
-        train_model = rt.wrap(model, t.compile)
+        train_model = rt.wrap(model, t.compile, t.compile_mode)
 
         if rt.master:
             (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(run_cfg))

@@ -81,6 +81,15 @@ class ModelConfig:
 
 NORMS = {"rms": nn.RMSNorm, "layer": nn.LayerNorm}
 AC_MODES = ("none", "full", "selective")
+# torch.compile's modes (train.compile_mode); "default" passes none
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+
+
+def compile_fn(fn, mode: str = "default"):
+    """torch.compile(fn) in one of COMPILE_MODES."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode {mode!r}; valid choices: {list(COMPILE_MODES)}")
+    return torch.compile(fn, mode=None if mode == "default" else mode)
 
 # what selective checkpointing keeps: matmuls and attention, whose recompute would cost as much as the forward
 _aten = torch.ops.aten
@@ -178,7 +187,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.reset_parameters()
 
-    def set_activation_checkpointing(self, mode: str, compile_blocks: bool = False) -> None:
+    def set_activation_checkpointing(self, mode: str, compile_blocks: bool = False,
+                                     compile_mode: str = "default") -> None:
         """none | full | selective (the module docstring says what each keeps); before torch.compile or FSDP.
         compile_blocks (full, for a model that will be compiled): each block's forward is compiled on its own, and
         the checkpoint around it stays outside the model's compiled graph (Block._full_checkpoint says why)."""
@@ -186,7 +196,8 @@ class GPT(nn.Module):
             raise ValueError(f"activation checkpointing {mode!r}; valid choices: {list(AC_MODES)}")
         for block in self.blocks:
             block.checkpointing = mode
-            block.compiled_forward = torch.compile(block._forward) if compile_blocks and mode == "full" else None
+            full = compile_blocks and mode == "full"
+            block.compiled_forward = compile_fn(block._forward, compile_mode) if full else None
 
     def reset_parameters(self):
         std, resid_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer)

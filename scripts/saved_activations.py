@@ -142,7 +142,7 @@ def main():
     result = {}
     for case in args.cases:
         torch.manual_seed(0)
-        model, _ = bench_train.build(case, model_name, seq, vocab, args.set)
+        model, _, _ = bench_train.build(case, model_name, seq, vocab, args.set)
         model = model.to(device)
         x = torch.randint(0, vocab, (B, seq + 1), device=device)
         rows, loss = saved_by_module(model, x[:, :-1], x[:, 1:], autocast,

@@ -10,7 +10,7 @@ import torch
 
 @pytest.mark.parametrize("case", list(bench_train.CASES))
 def test_every_case_builds_and_trains_one_step(case):
-    model, optim_cfg = bench_train.build(case, "tiny", 32, 128)
+    model, optim_cfg, _ = bench_train.build(case, "tiny", 32, 128)
     x = torch.randint(0, 128, (2, 33))
     _, loss = model(x[:, :-1], x[:, 1:])
     loss.backward()
@@ -18,11 +18,11 @@ def test_every_case_builds_and_trains_one_step(case):
 
 
 def test_reference_is_gpt2_small():
-    ref, _ = bench_train.build("ref", "124m", 1024, 50304)
+    ref, _, _ = bench_train.build("ref", "124m", 1024, 50304)
     n = sum(p.numel() for p in ref.parameters())
     # GPT-2 small, bias-free, tied head, 50,304-token vocabulary: nanoGPT prints 123.59M (without the position table)
     assert n - 1024 * 768 == 123_587_328
-    gpt, _ = bench_train.build("transformer+rope", "124m", 1024, 50304)
+    gpt, _, _ = bench_train.build("transformer+rope", "124m", 1024, 50304)
     # the same FLOP convention: 6 x matmul parameters + 3 x the causal attention's forward FLOPs
     matmul = sum(p.numel() for n, p in ref.named_parameters() if n.startswith("blocks")) + 50304 * 768
     attention = 3 * sum(b.mixer.flops_per_token(1024) for b in gpt.blocks)
@@ -30,7 +30,7 @@ def test_reference_is_gpt2_small():
 
 
 def test_overrides_reach_every_case():
-    model, _ = bench_train.build("fox+nope", "tiny", 32, 128, ["model.fused_loss=true", "backbone.short_conv=true"])
+    model, _, _ = bench_train.build("fox+nope", "tiny", 32, 128, ["model.fused_loss=true", "backbone.short_conv=true"])
     assert model.cfg.fused_loss and model.blocks[0].mixer.conv is not None
     with pytest.raises(Exception, match="no_such_key"):
         bench_train.build("transformer+rope", "tiny", 32, 128, ["model.no_such_key=1"])
@@ -93,8 +93,8 @@ def test_fla_peers_have_this_repos_shape(case):
     parameter, so the --vs-fla table compares models of one shape (PaTH: its w projection of rank 32, `w_rank`, as
     FLA's; with a full one it had 23.6M more)."""
     with torch.device("meta"):  # shapes only: no memory, no initialisation
-        peer, _ = bench_train.build(case, "370m", 4096, 32000)
-        ours, _ = bench_train.build(bench_train.FLA_CASES[case][2], "370m", 4096, 32000)
+        peer, _, _ = bench_train.build(case, "370m", 4096, 32000)
+        ours, _, _ = bench_train.build(bench_train.FLA_CASES[case][2], "370m", 4096, 32000)
     cfg = peer.m.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_heads, cfg.intermediate_size, cfg.vocab_size) == \
         (1024, 24, 16, 2816, 32000)
@@ -103,8 +103,15 @@ def test_fla_peers_have_this_repos_shape(case):
 
 
 def test_activation_checkpointing_reaches_the_cases():
-    model, _ = bench_train.build("gla+nope", "tiny", 32, 128, ["train.activation_checkpointing=full"])
+    model, _, _ = bench_train.build("gla+nope", "tiny", 32, 128, ["train.activation_checkpointing=full"])
     assert {b.checkpointing for b in model.blocks} == {"full"}
+
+
+def test_compile_mode_reaches_this_repos_cases_only():
+    _, _, mode = bench_train.build("gla+nope", "tiny", 32, 128, ["train.compile_mode=max-autotune-no-cudagraphs"])
+    assert mode == "max-autotune-no-cudagraphs"
+    assert bench_train.build("ref", "tiny", 32, 128)[2] == "default"
+    assert bench_train.build("gla+nope", "tiny", 32, 128)[2] == "default"
 
 
 def test_vs_fla_table_from_runs_and_call_records(tmp_path):

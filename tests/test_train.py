@@ -75,12 +75,30 @@ def test_unknown_group_option_lists_choices():
     ("train.steps=0", "steps"),
     ("train.profile_steps=-1", "integer >= 0"),
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
+    ("train.compile_mode=fast", r"valid choices: \['default', 'max-autotune-no-cudagraphs'"),
     ("model.sparse_loss=true", "needs model.fused_loss=true"),
 ])
 def test_bad_config_fails_before_work(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
         train_lib.run(compose([f"out_dir={tmp_path}", override]))
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("ac", ["none", "full"])
+def test_compile_mode_reaches_torch_compile(tmp_path, data_cache, monkeypatch, ac):
+    """train.compile_mode is the mode of every torch.compile call train.py makes (the model's, and each block's
+    under full checkpointing); the spy compiles nothing, the run trains eagerly."""
+    modes = []
+
+    def spy(fn, mode=None, **kw):
+        modes.append(mode)
+        return fn
+    monkeypatch.setattr(torch, "compile", spy)
+    train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=2", "train.compile=true",
+                                         "train.compile_mode=max-autotune-no-cudagraphs",
+                                         f"train.activation_checkpointing={ac}")))
+    n_blocks = 2 if ac == "full" else 0  # tiny_overrides' model.n_layer
+    assert modes == ["max-autotune-no-cudagraphs"] * (n_blocks + 1)
 
 
 @pytest.mark.parametrize("backbone", options("backbone"))

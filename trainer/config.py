@@ -12,7 +12,7 @@ import torch
 from duality.common.errors import ConfigError
 from duality.data.tasks import is_task
 from duality.model import check_model_config
-from duality.model.gpt import AC_MODES
+from duality.model.gpt import AC_MODES, COMPILE_MODES
 
 from .guard import MODES as NONFINITE
 from .logger import LOGGER_MODES
@@ -85,6 +85,8 @@ def check_config(cfg, world: int = 1) -> dict:
     if t.get("activation_checkpointing", "none") not in AC_MODES:
         raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r}; valid choices: "
                           f"{list(AC_MODES)}")
+    if t.get("compile_mode", "default") not in COMPILE_MODES:
+        raise ConfigError(f"train.compile_mode={t.compile_mode!r}; valid choices: {list(COMPILE_MODES)}")
     if t.get("strategy", "ddp") not in STRATEGIES:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("doc_boundaries") and is_task(cfg.data):

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from duality.model.gpt import compile_fn
+
 
 def training_backends():
     """The context train_step runs in: torch's SDPA tries cuDNN first. On an H100 its causal attention is 1.6x faster
@@ -86,9 +88,10 @@ class Runtime:
             fully_shard(block, mesh=mesh)
         return fully_shard(model, mesh=mesh)
 
-    def wrap(self, model, compile: bool):
-        """The module the loop calls: compiled if asked, then DDP (FSDP has sharded the model in place)."""
-        train_model = torch.compile(model) if compile else model
+    def wrap(self, model, compile: bool, mode: str = "default"):
+        """The module the loop calls: compiled (torch.compile's `mode`) if asked, then DDP (FSDP has sharded the model
+        in place)."""
+        train_model = compile_fn(model, mode) if compile else model
         if self.fsdp:
             self.no_sync = lambda: _fsdp_no_sync(model)
         elif self.distributed:
