@@ -5,6 +5,7 @@ between schemes seed by seed.
         docs/synthetic/mqar_d64_seeds_h100_2026-11-25.json --setting mqar256x16 --baseline nope \
         --out docs/synthetic/mqar_d64_seeds_h100.png
     python scripts/seed_spread.py outputs/synthetic/mqar --baseline nope     # straight after synthetic_gpu.sh
+    python scripts/seed_spread.py outputs/synthetic/mqar --record docs/synthetic/NEW.json --note "what, where, how"
 
 Reads run records (JSON: {"runs": {name: {"evaluations": [{"step", "val_acc", ...}, ...]}}}, docs/synthetic) or
 run folders (synthetic_gpu.sh's RUNS/<what>: each job's metrics.jsonl), named as synthetic_gpu.sh names its jobs:
@@ -14,7 +15,9 @@ setting: each model and learning rate (and, with --best-over, "best lr": each se
 with the mean, the sample standard deviation and every seed's score; then, with --baseline (a model suffix such as
 nope), each model's difference from the baseline seed by seed (the seeds both ran): the mean difference, its
 standard error and how many seeds favour the model; with several settings, also pooled over all their (setting, seed)
-pairs. --out draws the scores (one dot a seed, a bar at the mean) per setting and learning rate.
+pairs. --out draws the scores (one dot a seed, a bar at the mean) per setting and learning rate. --record writes run
+folders as such a record (every evaluation of every run, whether it finished, its logged memory peak) with --note,
+--device and --software: the form docs/synthetic keeps.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import math
 import re
 import statistics
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -51,12 +55,32 @@ def load(paths, metric: str = "val_acc") -> dict:
     return dict(scores)
 
 
+def record(folders, note: str, device: str, software: str) -> dict:
+    """A run record (docs/synthetic's form) of synthetic_gpu.sh's run folders: each run's evaluation rows of
+    metrics.jsonl, whether it finished (its task_eval.json exists), and the largest peak memory it logged."""
+    runs = {}
+    for folder in map(Path, folders):
+        for d in sorted(folder.iterdir()):
+            if not (d / "metrics.jsonl").exists():
+                continue
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            peaks = [r["peak_mem_gib"] for r in rows if r.get("peak_mem_gib") is not None]
+            runs[d.name] = {"finished": (d / "task_eval.json").exists(),
+                            "evaluations": [r for r in rows if "val_loss" in r],
+                            "train_peak_mem_gib": max(peaks) if peaks else None}
+    if not runs:
+        raise SystemExit(f"no run folder (one with a metrics.jsonl) in {', '.join(map(str, folders))}")
+    return {"device": device, "date": time.strftime("%Y-%m-%d"), "software": software, "note": note, "runs": runs}
+
+
 def with_best_lr(scores: dict, grid: list[str]) -> dict:
-    """Adds (setting, model, "best lr"): each seed's best over the learning rates of `grid`, for the seeds that ran
-    all of them (a best over fewer would not be the same statistic)."""
+    """Adds (setting, model, "best lr"): each seed's best over the learning rates of `grid` that the setting was run
+    at (by any model: one grid for every model of a setting), for the seeds that ran all of them (a best over fewer
+    would not be the same statistic)."""
     best: dict = defaultdict(dict)
     for setting, model in {k[:2] for k in scores}:
-        runs = [scores.get((setting, model, lr), {}) for lr in grid]
+        ran = [lr for lr in grid if any(k[0] == setting and k[2] == lr for k in scores)]
+        runs = [scores.get((setting, model, lr), {}) for lr in ran]
         for seed in set.intersection(*(set(r) for r in runs)):
             best[(setting, model, "best lr")][seed] = max(r[seed] for r in runs)
     return {**scores, **best}
@@ -145,6 +169,8 @@ def plot(scores: dict, path: Path) -> None:
                 ax.scatter([i] * len(by_seed), [100 * v for v in by_seed.values()], color=f"C{i}", s=14, zorder=3)
                 ax.hlines(100 * statistics.fmean(by_seed.values()), i - 0.3, i + 0.3, color=f"C{i}", lw=2)
             ax.set_xticks(range(len(models)), [m.rsplit("-", 1)[-1] for m in models], fontsize=7)
+            if not models:
+                ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes, fontsize=8)
             ax.set_title(f"{setting}, " + (lr if lr == "best lr" else f"lr {lr}"), fontsize=8)
             ax.set_ylim(0, 100)
             ax.grid(alpha=0.3, axis="y")
@@ -163,7 +189,15 @@ def main():
     ap.add_argument("--best-over", help="a comma list of learning rates (as the run names spell them): add each "
                     "seed's best over them, for the seeds that ran them all")
     ap.add_argument("--out", type=Path, help="a PNG of every seed's score")
+    ap.add_argument("--record", type=Path, help="write the run folders given as a run record (JSON) to this path")
+    ap.add_argument("--note", default="", help="--record: what the runs are (command, budget, calls)")
+    ap.add_argument("--device", default="", help="--record: where they ran")
+    ap.add_argument("--software", default="", help="--record: torch, Triton, FLA versions")
     args = ap.parse_args()
+    if args.record:
+        rec = record(args.records, args.note, args.device, args.software)
+        args.record.write_text(json.dumps(rec, indent=1) + "\n")
+        print(f"wrote {args.record}: {len(rec['runs'])} runs")
     scores = load(args.records, args.metric)
     if args.setting:
         scores = {k: v for k, v in scores.items() if re.search(args.setting, k[0])}

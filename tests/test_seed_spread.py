@@ -33,6 +33,13 @@ def test_best_over_learning_rates_only_for_seeds_that_ran_them_all():
               ("m", "x-nope", "1e-2"): {0: 0.5, 1: 0.4}}
     best = seed_spread.with_best_lr(scores, ["1e-3", "1e-2"])[("m", "x-nope", "best lr")]
     assert best == {0: 0.5, 1: 0.6}  # seed 2 ran one of the two
+    # a setting is scored over the grid's learning rates it was run at: here m2 over 1e-3 only
+    scores[("m2", "x-nope", "1e-3")] = {0: 0.3}
+    scores[("m2", "x-sel", "1e-3")] = {0: 0.1}
+    scores[("m", "x-sel", "1e-2")] = {0: 0.9}  # m: every model over both, though x-sel ran only 1e-2
+    best = seed_spread.with_best_lr(scores, ["1e-3", "1e-2"])
+    assert best[("m2", "x-nope", "best lr")] == {0: 0.3} and best[("m2", "x-sel", "best lr")] == {0: 0.1}
+    assert ("m", "x-sel", "best lr") not in best
 
 
 def test_paired_differences_and_the_table(tmp_path):
@@ -66,3 +73,25 @@ def test_differences_pool_the_pairs_of_every_setting():
     assert "a + b, difference from *nope*, (setting, seed) pairs pooled (points):" in text
     assert "| x-sel | 1e-3 | +13.8 ± 7.5 | 3 of 4 |" in text
     assert "pooled" not in seed_spread.report({k: v for k, v in scores.items() if k[0] == "a"}, baseline="nope")
+
+
+def test_record_of_run_folders_reads_back_as_the_folders_do(tmp_path):
+    runs = tmp_path / "runs"
+    for name, finished in {"mqar128x8-d64-gla-nope-s0-lr2.2e-2": True, "mqar128x8-d64-gla-rope-s0-lr2.2e-2": False}.items():
+        (runs / name).mkdir(parents=True)
+        (runs / name / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+            {"step": 100, "loss": 3.0, "peak_mem_gib": 0.5}, {"step": 100, "val_loss": 2.0, "val_acc": 0.4},
+            {"step": 200, "loss": 1.0, "peak_mem_gib": 0.7}, {"step": 200, "val_loss": 1.0, "val_acc": 0.6}]) + "\n")
+        if finished:
+            (runs / name / "task_eval.json").write_text("{}")
+    (runs / "mqar128x8-d64-gla-nope-s0-lr2.2e-2.log").write_text("a log, not a run")
+    rec = seed_spread.record([runs], "two runs", "H100", "torch 2.11")
+    assert rec["note"] == "two runs" and rec["device"] == "H100" and len(rec["runs"]) == 2
+    nope = rec["runs"]["mqar128x8-d64-gla-nope-s0-lr2.2e-2"]
+    assert nope["finished"] and not rec["runs"]["mqar128x8-d64-gla-rope-s0-lr2.2e-2"]["finished"]
+    assert nope["train_peak_mem_gib"] == 0.7 and [e["step"] for e in nope["evaluations"]] == [100, 200]
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(rec))
+    assert seed_spread.load([path]) == seed_spread.load([runs])
+    with pytest.raises(SystemExit, match="no run folder"):
+        seed_spread.record([tmp_path / "runs" / "mqar128x8-d64-gla-nope-s0-lr2.2e-2"], "", "", "")
