@@ -56,7 +56,7 @@ def run(cfg) -> dict:
         model = build_model(cfg.backbone, cfg.pe, run_cfg["model"], objective.vocab_size).to(rt.device)
         if ckpt is not None:  # into the whole model, before FSDP shards it
             load_weights(model, ckpt["model"], ckpt_path)
-        model.set_activation_checkpointing(t.activation_checkpointing, t.compile, t.compile_mode)  # before compile, FSDP
+        model.set_activation_checkpointing(t.activation_checkpointing, t.compile, t.compile_mode)  # pre-compile, FSDP
         rt.shard(model)
         optimizer = make_optimizer(model, cfg.optim, fused=rt.cuda)
         scheduler = make_schedule(optimizer, cfg.optim, steps)

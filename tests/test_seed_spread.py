@@ -77,7 +77,8 @@ def test_differences_pool_the_pairs_of_every_setting():
 
 def test_record_of_run_folders_reads_back_as_the_folders_do(tmp_path):
     runs = tmp_path / "runs"
-    for name, finished in {"mqar128x8-d64-gla-nope-s0-lr2.2e-2": True, "mqar128x8-d64-gla-rope-s0-lr2.2e-2": False}.items():
+    names = {"mqar128x8-d64-gla-nope-s0-lr2.2e-2": True, "mqar128x8-d64-gla-rope-s0-lr2.2e-2": False}
+    for name, finished in names.items():
         (runs / name).mkdir(parents=True)
         (runs / name / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
             {"step": 100, "loss": 3.0, "peak_mem_gib": 0.5}, {"step": 100, "val_loss": 2.0, "val_acc": 0.4},
