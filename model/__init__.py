@@ -26,7 +26,11 @@ register_schemas("pe", SCHEMES)
 
 
 def with_defaults(group: str, cfg: dict) -> dict:
-    """A backbone or pe config with every option its class has (a checkpoint written when the yaml listed fewer)."""
+    """A backbone, pe or model config with every option its class has (a checkpoint written when the yaml listed
+    fewer)."""
+    if group == "model":
+        fields = ModelConfig.__dataclass_fields__.values()
+        return {**{f.name: f.default for f in fields if f.name != "vocab_size"}, **cfg}
     registry = {"backbone": MIXERS, "pe": SCHEMES}[group]
     cls = registry.get(cfg.get("name"))
     return {**defaults(cls), **cfg} if cls is not None else dict(cfg)
@@ -76,6 +80,9 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
                           f"{sorted(ModelConfig.__dataclass_fields__)}")
     if model.get("norm", "rms") not in NORMS:
         raise ConfigError(f"model.norm={model['norm']!r}; valid choices: {sorted(NORMS)}")
+    std = model.get("conv_init_std")
+    if std is not None and not (isinstance(std, (int, float)) and std > 0):
+        raise ConfigError(f"model.conv_init_std={std!r}: null (unit-gain init) or a standard deviation > 0, e.g. 0.02")
     p = model.get("embed_dropout", 0.0)
     if not (isinstance(p, (int, float)) and 0 <= p < 1):
         raise ConfigError(f"model.embed_dropout={p!r} must be in [0, 1)")

@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .core.context import TRAINING, Context, LayerState
-from .core.layers import residual_linear, swiglu_linear
+from .core.layers import ShortConv, residual_linear, swiglu_linear
 from .pe.sinusoidal import sinusoid_table
 
 
@@ -61,6 +61,9 @@ class ModelConfig:
     embed_norm: bool = False
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # short convolutions' weights: None keeps their unit-gain init (N(0, 1/K)); a number draws them N(0, std) as
+    # Hugging Face's init of a Conv1d does in FLA's models and seed 004's code (std 0.02)
+    conv_init_std: float | None = None
     head: str = "lm"  # lm | compress
     norm: str = "rms"  # rms | layer
     embed_dropout: float = 0.0  # dropout on x_0 while training (Zoology's 0.1)
@@ -206,6 +209,8 @@ class GPT(nn.Module):
                 nn.init.normal_(m.weight, 0.0, resid_std if getattr(m, "is_residual", False) else std)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
+            elif isinstance(m, ShortConv) and self.cfg.conv_init_std is not None:
+                nn.init.normal_(m.weight, 0.0, self.cfg.conv_init_std)
         for m in self.modules():
             if hasattr(m, "init_extra"):
                 m.init_extra()

@@ -300,3 +300,21 @@ def test_layer_mixers_build_zoologys_hybrid():
                        ({"embed_dropout": 1.0}, r"\[0, 1\)")):
         with pytest.raises(ConfigError, match=match):
             build_model({"name": "gla"}, {"name": "rope"}, {**SIZE, **bad}, V)
+
+
+def test_conv_init_std_draws_every_short_convolution_from_it():
+    """model.conv_init_std: null keeps the short convolutions' unit-gain init (sd 1/sqrt(K)); 0.02 draws every one
+    (the mixer's and Selective RoPE's) N(0, 0.02), as seed 004's code initialises its Conv1d layers."""
+    from duality.model.core.layers import ShortConv
+    size = {**SIZE, "d_model": 256, "n_heads": 4}
+    backbone = {"name": "gla", "short_conv": True}
+    for std, want in ((None, 0.5), (0.02, 0.02)):
+        torch.manual_seed(0)
+        m = build_model(backbone, {"name": "selective_rope"}, {**size, "conv_init_std": std}, V)
+        convs = [c for c in m.modules() if isinstance(c, ShortConv)]
+        assert len(convs) == 2 * size["n_layer"]  # q/k/v's and the angle's, in each layer
+        for c in convs:
+            assert c.weight.mean().abs() < 0.1 * want and abs(c.weight.std().item() / want - 1) < 0.1
+    for bad in (-0.02, 0, "x"):
+        with pytest.raises(ConfigError, match="conv_init_std"):
+            build_model(backbone, {"name": "selective_rope"}, {**SIZE, "conv_init_std": bad}, V)

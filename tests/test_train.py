@@ -203,6 +203,20 @@ def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4")))
 
 
+def test_a_checkpoint_without_a_newer_model_option_resumes_with_its_default(tmp_path, data_cache):
+    """A run written before a model option existed (here model.conv_init_std) had its default: it resumes under the
+    default and is refused under another value."""
+    train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=2")))
+    path = tmp_path / "checkpoints" / "step_0000002.pt"
+    ck = torch.load(path, weights_only=False)
+    del ck["config"]["model"]["conv_init_std"]
+    torch.save(ck, path)
+    with pytest.raises(ConfigError, match="cannot resume from model config"):
+        train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "model.conv_init_std=0.02")))
+    train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=3")))
+    assert sorted(_losses(tmp_path)) == [1, 2, 3]
+
+
 def test_checkpoint_write_is_atomic(tmp_path):
     d = tmp_path / "ck"
     save_checkpoint(d, 1, {"x": 1}, keep=2)

@@ -199,7 +199,7 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
     for group in ("backbone", "pe", "model", "optim", "data"):
         now = OmegaConf.to_container(cfg[group], resolve=True)
         then = dict(ckpt_cfg[group])
-        if group in ("backbone", "pe"):  # a run written when the yaml listed fewer options: the defaults it had
+        if group in ("backbone", "pe", "model"):  # a run written when the yaml listed fewer options: their defaults
             now, then = with_defaults(group, now), with_defaults(group, then)
         if group == "data":  # where the cache lives does not change the data
             now.pop("cache_dir", None), then.pop("cache_dir", None)
