@@ -217,6 +217,21 @@ def test_a_checkpoint_without_a_newer_model_option_resumes_with_its_default(tmp_
     assert sorted(_losses(tmp_path)) == [1, 2, 3]
 
 
+def test_bf16_weights_trains_a_bf16_model_and_resumes(tmp_path, data_cache):
+    """train.dtype=bf16_weights (seed 004's code: the model cast to bf16 under bf16 autocast): weights, AdamW state and
+    checkpoints in bf16; it trains (the loss falls) and resumes."""
+    common = ["backbone=gla", "pe=rope", "train.dtype=bf16_weights", "optim.lr=1e-2"]
+    train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=6", *common)))
+    ck = torch.load(tmp_path / "checkpoints" / "step_0000006.pt", weights_only=False)
+    assert {v.dtype for v in ck["model"].values() if v.is_floating_point()} == {torch.bfloat16}
+    state = [s for s in ck["optimizer"]["state"].values()]
+    assert state and all(s["exp_avg"].dtype == s["exp_avg_sq"].dtype == torch.bfloat16 for s in state)
+    losses = _losses(tmp_path)
+    assert losses[6] < losses[1] and all(math.isfinite(v) for v in losses.values())
+    train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=7", *common)))
+    assert sorted(_losses(tmp_path)) == list(range(1, 8))
+
+
 def test_checkpoint_write_is_atomic(tmp_path):
     d = tmp_path / "ck"
     save_checkpoint(d, 1, {"x": 1}, keep=2)

@@ -19,6 +19,7 @@ from .logger import LOGGER_MODES
 from .optim import SCHEDULES
 
 STRATEGIES = ("ddp", "fsdp")
+DTYPES = ("auto", "bf16", "fp32", "bf16_weights")
 
 
 def check_config(cfg, world: int = 1) -> dict:
@@ -76,8 +77,8 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"optim.schedule={o.schedule!r}; valid choices: {list(SCHEDULES)}")
     if cfg.logger.mode not in LOGGER_MODES:
         raise ConfigError(f"logger.mode={cfg.logger.mode!r}; valid choices: {list(LOGGER_MODES)}")
-    if t.dtype not in ("auto", "bf16", "fp32"):
-        raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: ['auto', 'bf16', 'fp32']")
+    if t.dtype not in DTYPES:
+        raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: {list(DTYPES)}")
     if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
         raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
     if t.get("nonfinite", "stop") not in NONFINITE:

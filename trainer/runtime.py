@@ -32,6 +32,7 @@ class Runtime:
     distributed: bool = False
     fsdp: bool = False
     bf16: bool = False
+    bf16_weights: bool = False  # train.dtype=bf16_weights: the model itself in bf16 (shard casts it)
     no_sync: object = None  # the wrapper's "skip the gradient all-reduce" context, set by wrap()
     started: float = field(default_factory=time.perf_counter)
 
@@ -47,7 +48,8 @@ class Runtime:
         rt.fsdp = rt.distributed and t.get("strategy", "ddp") == "fsdp"
         cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
         rt.device = torch.device(f"cuda:{rt.local_rank}" if cuda else "cpu")
-        rt.bf16 = t.dtype == "bf16" or (t.dtype == "auto" and cuda)
+        rt.bf16 = t.dtype in ("bf16", "bf16_weights") or (t.dtype == "auto" and cuda)
+        rt.bf16_weights = t.dtype == "bf16_weights"
         if rt.distributed:
             if cuda:
                 torch.cuda.set_device(rt.device)
@@ -77,8 +79,12 @@ class Runtime:
 
     # -------------------------------------------------------------------------------------------- wrapping
     def shard(self, model):
-        """train.strategy=fsdp: FSDP2 shards each block, then the rest (embeddings, head), over all ranks; parameters
-        become DTensors and are gathered one block at a time in forward and backward. Before the optimizer exists."""
+        """train.dtype=bf16_weights: the model cast to bf16 first (parameters, so gradients and AdamW state, and
+        buffers). train.strategy=fsdp: FSDP2 shards each block, then the rest (embeddings, head), over all ranks;
+        parameters become DTensors and are gathered one block at a time in forward and backward. Before the optimizer
+        exists."""
+        if self.bf16_weights:
+            model.to(torch.bfloat16)
         if not self.fsdp:
             return model
         from torch.distributed.device_mesh import init_device_mesh
