@@ -519,7 +519,7 @@ def main():
                 try:
                     mode = "compiled" if compiled else "eager"
                     name = case.replace("+", "-").replace(":", "-")  # '+' and ':' are not portable in file names
-                    prof = out / f"profile_{name}_{size}_{seq}_{mode}.txt"
+                    prof = out / f"profile_{name}_{size}_{seq}_{mode}{args.tag}.txt"  # --tag: one file per run
                     r = measure(case, size, int(seq), compiled, args.steps, args.warmup,
                                 profile=prof if args.profile else None, overrides=args.set, tokens=args.tokens)
                 except Exception as e:  # noqa: BLE001 -- one failing case (OOM, a kernel limit) must not end the run
