@@ -57,7 +57,7 @@ def run(cfg) -> dict:
         if ckpt is not None:  # into the whole model, before FSDP shards it
             load_weights(model, ckpt["model"], ckpt_path)
         model.set_activation_checkpointing(t.activation_checkpointing, t.compile, t.compile_mode)  # pre-compile, FSDP
-        rt.shard(model)
+        rt.prepare(model)
         optimizer = make_optimizer(model, cfg.optim, fused=rt.cuda)
         scheduler = make_schedule(optimizer, cfg.optim, steps)
         saver = Checkpointer(out_dir, rt, model, optimizer, scheduler, keep=t.keep_checkpoints, last=ckpt_path,

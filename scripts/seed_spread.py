@@ -39,9 +39,7 @@ def load(paths, metric: str = "val_acc") -> dict:
     scores: dict = defaultdict(dict)
     for path in map(Path, paths):
         if path.is_dir():  # synthetic_gpu.sh's RUNS/<what>: one folder a job, its evaluations in metrics.jsonl
-            runs = {d.name: {"evaluations": [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()
-                                             if line.strip()]}
-                    for d in sorted(path.iterdir()) if (d / "metrics.jsonl").exists()}
+            runs = folder_runs(path)
         else:
             runs = json.loads(path.read_text())["runs"]
         for name, run in runs.items():
@@ -55,19 +53,24 @@ def load(paths, metric: str = "val_acc") -> dict:
     return dict(scores)
 
 
-def record(folders, note: str, device: str, software: str) -> dict:
-    """A run record (docs/synthetic's form) of synthetic_gpu.sh's run folders: each run's evaluation rows of
-    metrics.jsonl, whether it finished (its task_eval.json exists), and the largest peak memory it logged."""
+def folder_runs(folder: Path) -> dict:
+    """{name: run} of synthetic_gpu.sh's run folders under `folder`: each run's evaluation rows of metrics.jsonl,
+    whether it finished (its task_eval.json exists), and the largest peak memory it logged."""
     runs = {}
-    for folder in map(Path, folders):
-        for d in sorted(folder.iterdir()):
-            if not (d / "metrics.jsonl").exists():
-                continue
-            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            peaks = [r["peak_mem_gib"] for r in rows if r.get("peak_mem_gib") is not None]
-            runs[d.name] = {"finished": (d / "task_eval.json").exists(),
-                            "evaluations": [r for r in rows if "val_loss" in r],
-                            "train_peak_mem_gib": max(peaks) if peaks else None}
+    for d in sorted(folder.iterdir()):
+        if not (d / "metrics.jsonl").exists():
+            continue
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        peaks = [r["peak_mem_gib"] for r in rows if r.get("peak_mem_gib") is not None]
+        runs[d.name] = {"finished": (d / "task_eval.json").exists(),
+                        "evaluations": [r for r in rows if any(k.startswith("val_") for k in r)],
+                        "train_peak_mem_gib": max(peaks) if peaks else None}
+    return runs
+
+
+def record(folders, note: str, device: str, software: str) -> dict:
+    """A run record (docs/synthetic's form) of synthetic_gpu.sh's run folders (folder_runs)."""
+    runs = {name: run for folder in map(Path, folders) for name, run in folder_runs(folder).items()}
     if not runs:
         raise SystemExit(f"no run folder (one with a metrics.jsonl) in {', '.join(map(str, folders))}")
     return {"device": device, "date": time.strftime("%Y-%m-%d"), "software": software, "note": note, "runs": runs}

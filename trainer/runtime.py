@@ -78,11 +78,11 @@ class Runtime:
                 f"{self.device}, {'bf16 autocast' if self.bf16 else 'fp32'}")
 
     # -------------------------------------------------------------------------------------------- wrapping
-    def shard(self, model):
-        """train.dtype=bf16_weights: the model cast to bf16 first (parameters, so gradients and AdamW state, and
-        buffers). train.strategy=fsdp: FSDP2 shards each block, then the rest (embeddings, head), over all ranks;
-        parameters become DTensors and are gathered one block at a time in forward and backward. Before the optimizer
-        exists."""
+    def prepare(self, model):
+        """The model as this runtime trains it, in place, before the optimizer exists. train.dtype=bf16_weights: cast
+        to bf16 (parameters, so gradients and AdamW state, and buffers). train.strategy=fsdp: FSDP2 shards each
+        block, then the rest (embeddings, head), over all ranks; parameters become DTensors and are gathered one block
+        at a time in forward and backward."""
         if self.bf16_weights:
             model.to(torch.bfloat16)
         if not self.fsdp:
