@@ -83,6 +83,8 @@ def with_best_lr(scores: dict, grid: list[str]) -> dict:
     best: dict = defaultdict(dict)
     for setting, model in {k[:2] for k in scores}:
         ran = [lr for lr in grid if any(k[0] == setting and k[2] == lr for k in scores)]
+        if not ran:  # a setting run at none of the grid's learning rates has no best over it
+            continue
         runs = [scores.get((setting, model, lr), {}) for lr in ran]
         for seed in set.intersection(*(set(r) for r in runs)):
             best[(setting, model, "best lr")][seed] = max(r[seed] for r in runs)

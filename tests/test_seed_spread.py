@@ -40,6 +40,7 @@ def test_best_over_learning_rates_only_for_seeds_that_ran_them_all():
     best = seed_spread.with_best_lr(scores, ["1e-3", "1e-2"])
     assert best[("m2", "x-nope", "best lr")] == {0: 0.3} and best[("m2", "x-sel", "best lr")] == {0: 0.1}
     assert ("m", "x-sel", "best lr") not in best
+    assert seed_spread.with_best_lr(scores, ["3e-3"]) == scores  # no setting ran the grid: nothing added, no error
 
 
 def test_paired_differences_and_the_table(tmp_path):
