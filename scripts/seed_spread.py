@@ -6,6 +6,8 @@ between schemes seed by seed.
         --out docs/synthetic/mqar_d64_seeds_h100.png
     python scripts/seed_spread.py outputs/synthetic/mqar --baseline nope     # straight after synthetic_gpu.sh
     python scripts/seed_spread.py outputs/synthetic/mqar --record docs/synthetic/NEW.json --note "what, where, how"
+    python scripts/seed_spread.py docs/synthetic/s2_seedlike_h100_2026-11-25.json --metric val_acc_extrap \
+        --curves docs/synthetic/s2_seedlike_h100.png       # each seed's training and accuracy against length
 
 Reads run records (JSON: {"runs": {name: {"evaluations": [{"step", "val_acc", ...}, ...]}}}, docs/synthetic) or
 run folders (synthetic_gpu.sh's RUNS/<what>: each job's metrics.jsonl), named as synthetic_gpu.sh names its jobs:
@@ -37,6 +39,16 @@ NAME = re.compile(r"^(?P<setting>[^-]+)-(?P<model>.+?)-s(?P<seed>\d+)(?:-lr(?P<l
 def load(paths, metric: str = "val_acc") -> dict:
     """{(setting, model, lr): {seed: best metric}} from run-record files; lr is "task" for the task's default."""
     scores: dict = defaultdict(dict)
+    for key, seed, run in named_runs(paths):
+        values = [e[metric] for e in run["evaluations"] if e.get(metric) is not None]
+        if values:
+            scores[key][seed] = max(values)
+    return dict(scores)
+
+
+def named_runs(paths):
+    """(setting, model, lr), seed, run for every run of run-record files or run folders, in order (a later file's run
+    of the same name comes later)."""
     for path in map(Path, paths):
         if path.is_dir():  # synthetic_gpu.sh's RUNS/<what>: one folder a job, its evaluations in metrics.jsonl
             runs = folder_runs(path)
@@ -47,10 +59,7 @@ def load(paths, metric: str = "val_acc") -> dict:
             if m is None:
                 raise SystemExit(f"{path}: run {name!r} is not named <setting>-<model>-s<seed>[-lr<lr>] "
                                  "(scripts/synthetic_gpu.sh's job names)")
-            values = [e[metric] for e in run["evaluations"] if e.get(metric) is not None]
-            if values:
-                scores[(m["setting"], m["model"], m["lr"] or "task")][int(m["seed"])] = max(values)
-    return dict(scores)
+            yield (m["setting"], m["model"], m["lr"] or "task"), int(m["seed"]), run
 
 
 def folder_runs(folder: Path) -> dict:
@@ -185,6 +194,44 @@ def plot(scores: dict, path: Path) -> None:
     fig.savefig(path)
 
 
+def curves(paths, path: Path, metric: str, setting: str | None = None) -> None:
+    """One row per (setting, model, lr): each seed's evaluations over training (accuracy within the training length
+    solid, beyond it dashed: the task's val_acc and val_acc_extrap), and its accuracy against length (the val_acc@L
+    columns) at its best evaluation by `metric`: where a run stands, not only its best number."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups: dict = defaultdict(dict)
+    for key, seed, run in named_runs(paths):
+        if not setting or re.search(setting, key[0]):
+            groups[key][seed] = [e for e in run["evaluations"] if e.get("val_acc") is not None]
+    if not groups:
+        raise SystemExit("no run with evaluations to draw")
+    fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.2 * len(groups)), dpi=120, squeeze=False)
+    for (left, right), (key, by_seed) in zip(axes, sorted(groups.items())):
+        for seed, evals in sorted(by_seed.items()):
+            color = f"C{seed % 10}"
+            steps = [e["step"] for e in evals]
+            left.plot(steps, [100 * e["val_acc"] for e in evals], color=color, lw=1, label=f"seed {seed}")
+            if any("val_acc_extrap" in e for e in evals):
+                left.plot(steps, [100 * e.get("val_acc_extrap", math.nan) for e in evals], color=color, lw=1, ls="--")
+            best = max(evals, key=lambda e: e.get(metric, -math.inf))
+            lengths = sorted(int(k.split("@")[1]) for k in best if k.startswith("val_acc@"))
+            right.plot(lengths, [100 * best[f"val_acc@{n}"] for n in lengths], color=color, marker=".",
+                       label=f"seed {seed}, step {best['step']:,}")
+        left.set_title(f"{key[0]} {key[1]}, lr {key[2]}: solid within the training length, dashed beyond", fontsize=8)
+        left.set_xlabel("step")
+        right.set_title(f"accuracy at each length, each seed's best evaluation by {metric}", fontsize=8)
+        right.set_xlabel("length")
+        for ax in (left, right):
+            ax.set_ylabel("accuracy, %")
+            ax.set_ylim(0, 101)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("records", nargs="+", type=Path)
@@ -194,6 +241,8 @@ def main():
     ap.add_argument("--best-over", help="a comma list of learning rates (as the run names spell them): add each "
                     "seed's best over them, for the seeds that ran them all")
     ap.add_argument("--out", type=Path, help="a PNG of every seed's score")
+    ap.add_argument("--curves", type=Path, help="a PNG of every run's evaluations over training and of its accuracy "
+                    "against length at its best evaluation")
     ap.add_argument("--record", type=Path, help="write the run folders given as a run record (JSON) to this path")
     ap.add_argument("--note", default="", help="--record: what the runs are (command, budget, calls)")
     ap.add_argument("--device", default="", help="--record: where they ran")
@@ -214,6 +263,9 @@ def main():
     if args.out:
         plot(scores, args.out)
         print(f"wrote {args.out}")
+    if args.curves:
+        curves(args.records, args.curves, args.metric, args.setting)
+        print(f"wrote {args.curves}")
 
 
 if __name__ == "__main__":

@@ -97,3 +97,17 @@ def test_record_of_run_folders_reads_back_as_the_folders_do(tmp_path):
     assert seed_spread.load([path]) == seed_spread.load([runs])
     with pytest.raises(SystemExit, match="no run folder"):
         seed_spread.record([tmp_path / "runs" / "mqar128x8-d64-gla-nope-s0-lr2.2e-2"], "", "", "")
+
+
+def test_curves_draw_each_seeds_training_and_its_best_evaluations_lengths(tmp_path):
+    evals = [{"step": 500 * i, "val_acc": a, "val_acc_extrap": a / 2, "val_acc@64": a, "val_acc@512": a / 3}
+             for i, a in enumerate([0.5, 0.9, 0.7], 1)]
+    path = tmp_path / "s2.json"
+    path.write_text(json.dumps({"runs": {"s2-gla_st-selective_rope_st-s0": {"evaluations": evals},
+                                         "s2-gla_st-selective_rope_st-s1": {"evaluations": evals[:1]},
+                                         "mqar64x4-d64-gla-nope-s0-lr1e-3": {"evaluations": [{"step": 1,
+                                                                                               "val_acc": 0.2}]}}}))
+    seed_spread.curves([path], tmp_path / "curves.png", "val_acc_extrap", setting="s2")
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="no run with evaluations"):
+        seed_spread.curves([path], tmp_path / "none.png", "val_acc", setting="copy")

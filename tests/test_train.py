@@ -84,6 +84,16 @@ def test_bad_config_fails_before_work(tmp_path, override, match):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_bf16_weights_with_a_beta2_bf16_cannot_decay_is_warned_about(capsys):
+    """0.999 (the default, and seed 004's): v * 0.999 rounds back to v in bf16 (tests/test_frozen_weights.py shows the
+    run freezing); 0.99 decays; fp32 weights keep the state in fp32."""
+    for dtype, beta2, warned in (("bf16_weights", 0.999, True), ("bf16_weights", 0.99, False), ("bf16", 0.999, False)):
+        check_config(compose([f"train.dtype={dtype}", f"optim.betas=[0.9,{beta2}]"]))
+        assert ("the second moment never decays" in capsys.readouterr().err) == warned, (dtype, beta2)
+    v = torch.tensor([1.0, 1.5, 1.99, 3e-4], dtype=torch.bfloat16)
+    assert torch.equal(v * 0.999, v) and not torch.equal(v * 0.99, v)  # the rule the warning applies
+
+
 @pytest.mark.parametrize("ac", ["none", "full"])
 def test_compile_mode_reaches_torch_compile(tmp_path, data_cache, monkeypatch, ac):
     """train.compile_mode is the mode of every torch.compile call train.py makes (the model's, and each block's

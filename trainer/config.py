@@ -79,6 +79,12 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"logger.mode={cfg.logger.mode!r}; valid choices: {list(LOGGER_MODES)}")
     if t.dtype not in DTYPES:
         raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: {list(DTYPES)}")
+    if t.dtype == "bf16_weights" and 1 - o.betas[1] < 2 ** -8:
+        # v * beta2 moves v by less than half the gap between bf16 numbers (2^-9 .. 2^-8 of v): it rounds back to v
+        print(f"warning: train.dtype=bf16_weights keeps AdamW's state in bf16, where v * beta2 (optim.betas[1]="
+              f"{o.betas[1]}) rounds back to v: the second moment never decays, and once the gradients shrink the "
+              "steps round away and the weights stop moving (README, \"S2's extrapolation gap\"; "
+              "scripts/frozen_weights.py checks a run)", file=sys.stderr)
     if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
         raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
     if t.get("nonfinite", "stop") not in NONFINITE:
