@@ -73,7 +73,9 @@ def folder_runs(folder: Path) -> dict:
         peaks = [r["peak_mem_gib"] for r in rows if r.get("peak_mem_gib") is not None]
         runs[d.name] = {"finished": (d / "task_eval.json").exists(),
                         "evaluations": [r for r in rows if any(k.startswith("val_") for k in r)],
-                        "train_peak_mem_gib": max(peaks) if peaks else None}
+                        "train_peak_mem_gib": max(peaks) if peaks else None,
+                        "tokens_per_step": next((r["tokens"] // r["step"] for r in rows if r.get("tokens")
+                                                 and r.get("step")), None)}
     return runs
 
 
@@ -196,31 +198,34 @@ def plot(scores: dict, path: Path) -> None:
 
 def curves(paths, path: Path, metric: str, setting: str | None = None) -> None:
     """One row per (setting, model, lr): each seed's evaluations over training (accuracy within the training length
-    solid, beyond it dashed: the task's val_acc and val_acc_extrap), and its accuracy against length (the val_acc@L
-    columns) at its best evaluation by `metric`: where a run stands, not only its best number."""
+    solid, beyond it dashed: the task's val_acc and val_acc_extrap; against tokens seen where the records know the
+    tokens a step, else steps), and its accuracy against length (the val_acc@L columns) at its best evaluation by
+    `metric`: where a run stands, not only its best number."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups: dict = defaultdict(dict)
     for key, seed, run in named_runs(paths):
         if not setting or re.search(setting, key[0]):
-            groups[key][seed] = [e for e in run["evaluations"] if e.get("val_acc") is not None]
+            groups[key][seed] = ([e for e in run["evaluations"] if e.get("val_acc") is not None],
+                                 run.get("tokens_per_step"))
     if not groups:
         raise SystemExit("no run with evaluations to draw")
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.2 * len(groups)), dpi=120, squeeze=False)
     for (left, right), (key, by_seed) in zip(axes, sorted(groups.items())):
-        for seed, evals in sorted(by_seed.items()):
+        in_tokens = all(per_step for _, per_step in by_seed.values())  # the x axis: tokens seen where known
+        for seed, (evals, per_step) in sorted(by_seed.items()):
             color = f"C{seed % 10}"
-            steps = [e["step"] for e in evals]
-            left.plot(steps, [100 * e["val_acc"] for e in evals], color=color, lw=1, label=f"seed {seed}")
+            x = [e["step"] * per_step / 1e9 if in_tokens else e["step"] for e in evals]
+            left.plot(x, [100 * e["val_acc"] for e in evals], color=color, lw=1, label=f"seed {seed}")
             if any("val_acc_extrap" in e for e in evals):
-                left.plot(steps, [100 * e.get("val_acc_extrap", math.nan) for e in evals], color=color, lw=1, ls="--")
+                left.plot(x, [100 * e.get("val_acc_extrap", math.nan) for e in evals], color=color, lw=1, ls="--")
             best = max(evals, key=lambda e: e.get(metric, -math.inf))
             lengths = sorted(int(k.split("@")[1]) for k in best if k.startswith("val_acc@"))
             right.plot(lengths, [100 * best[f"val_acc@{n}"] for n in lengths], color=color, marker=".",
                        label=f"seed {seed}, step {best['step']:,}")
         left.set_title(f"{key[0]} {key[1]}, lr {key[2]}: solid within the training length, dashed beyond", fontsize=8)
-        left.set_xlabel("step")
+        left.set_xlabel("tokens seen, billions" if in_tokens else "step")
         right.set_title(f"accuracy at each length, each seed's best evaluation by {metric}", fontsize=8)
         right.set_xlabel("length")
         for ax in (left, right):

@@ -92,6 +92,7 @@ def test_record_of_run_folders_reads_back_as_the_folders_do(tmp_path):
     nope = rec["runs"]["mqar128x8-d64-gla-nope-s0-lr2.2e-2"]
     assert nope["finished"] and not rec["runs"]["mqar128x8-d64-gla-rope-s0-lr2.2e-2"]["finished"]
     assert nope["train_peak_mem_gib"] == 0.7 and [e["step"] for e in nope["evaluations"]] == [100, 200]
+    assert nope["tokens_per_step"] is None  # these rows log no tokens; train.py's do (the curves' x axis)
     path = tmp_path / "rec.json"
     path.write_text(json.dumps(rec))
     assert seed_spread.load([path]) == seed_spread.load([runs])
@@ -109,5 +110,13 @@ def test_curves_draw_each_seeds_training_and_its_best_evaluations_lengths(tmp_pa
                                                                                                "val_acc": 0.2}]}}}))
     seed_spread.curves([path], tmp_path / "curves.png", "val_acc_extrap", setting="s2")
     assert (tmp_path / "curves.png").stat().st_size > 0
+    # a run folder as train.py leaves it: the record keeps its tokens a step, the curves then plot tokens seen
+    run = tmp_path / "runs" / "s2-gla_st-nope-s0"
+    run.mkdir(parents=True)
+    run.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 100, "loss": 0.7, "tokens": 13209600}, *evals]) + "\n")
+    assert seed_spread.record([run.parent], "", "", "")["runs"]["s2-gla_st-nope-s0"]["tokens_per_step"] == 132096
+    seed_spread.curves([run.parent], tmp_path / "tokens.png", "val_acc")
+    assert (tmp_path / "tokens.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="no run with evaluations"):
         seed_spread.curves([path], tmp_path / "none.png", "val_acc", setting="copy")
