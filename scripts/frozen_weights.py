@@ -8,9 +8,9 @@ is under half the spacing of the weight's dtype there (rounding drops it), the m
 moments v that the decay v * beta2 leaves unchanged in the state's dtype.
 
 Why: with the weights and AdamW state in bf16 (`train.dtype=bf16_weights`, as seed 004's code casts its model), the
-decay by beta2 = 0.999 changes v by 0.1%, under half of bf16's relative spacing (0.2-0.4%), so v never shrinks below
-the size of the largest gradients it has seen. Once the model fits and the gradients shrink, m / sqrt(v) goes to ~0
-and every step rounds away (README, "S2's extrapolation gap").
+decay by beta2 = 0.999 changes v by 0.1%, under half the gap between neighbouring bf16 numbers (0.2-0.4% of v), so
+v never shrinks below the size of the largest gradients it has seen. Once the model fits and the gradients shrink,
+m / sqrt(v) goes to ~0 and every step rounds away (README, "S2's extrapolation gap").
 """
 
 from __future__ import annotations
@@ -48,12 +48,13 @@ def compare(before: dict, after: dict) -> dict:
     total = sum(b[k].numel() for k in names)
     changed = sum((a[k] != b[k]).sum().item() for k in names)
     opt = after["optimizer"]
-    group = opt["param_groups"][0]
+    group_of = {name: g for g in opt["param_groups"] for name in g["params"]}  # weight decay differs by group
     below = stuck = nonzero = counted = 0
     steps = []
     for name, state in opt["state"].items():
         if name not in b or "exp_avg_sq" not in state:
             continue
+        group = group_of.get(name, opt["param_groups"][0])
         w, v = b[name], state["exp_avg_sq"]
         step = adamw_step(w, state, group)
         steps.append(step.flatten())
@@ -65,7 +66,7 @@ def compare(before: dict, after: dict) -> dict:
         raise SystemExit("the later checkpoint has no AdamW state keyed by parameter name")
     return {"steps": (before.get("step"), after.get("step")), "changed": changed / total,
             "below_half_spacing": below / counted, "v_decay_no_op": stuck / max(nonzero, 1),
-            "median_step": torch.cat(steps).median().item(), "lr": group["lr"],
+            "median_step": torch.cat(steps).median().item(), "lr": opt["param_groups"][0]["lr"],
             "dtypes": sorted({str(b[k].dtype) for k in names})}
 
 

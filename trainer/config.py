@@ -80,7 +80,8 @@ def check_config(cfg, world: int = 1) -> dict:
     if t.dtype not in DTYPES:
         raise ConfigError(f"train.dtype={t.dtype!r}; valid choices: {list(DTYPES)}")
     if t.dtype == "bf16_weights" and 1 - o.betas[1] < 2 ** -8:
-        # v * beta2 moves v by less than half the gap between bf16 numbers (2^-9 .. 2^-8 of v): it rounds back to v
+        # bf16 rounds away a change of v under half the gap to its neighbours, 2^-9 .. 2^-8 of v by its mantissa:
+        # v * beta2 is v again for some v once 1 - beta2 < 2^-8, for every v once < 2^-9 (0.999: 0.001)
         print(f"warning: train.dtype=bf16_weights keeps AdamW's state in bf16, where v * beta2 (optim.betas[1]="
               f"{o.betas[1]}) rounds back to v: the second moment never decays, and once the gradients shrink the "
               "steps round away and the weights stop moving (README, \"S2's extrapolation gap\"; "
