@@ -2,6 +2,7 @@
 checkpoints of one run (train.py's: model and AdamW state keyed by parameter name):
 
     python scripts/frozen_weights.py RUN/checkpoints/step_0011700.pt RUN/checkpoints/step_0018600.pt
+    (either may also be a checkpoints/ folder or a run's out_dir: its newest checkpoint, as resume=auto finds it)
 
 Prints the share of weight entries that changed between them and, at the later one, the share whose next AdamW step
 is under half the spacing of the weight's dtype there (rounding drops it), the median step, and the share of second
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+from duality.trainer.checkpoint import read_checkpoint
 
 
 def spacing(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -75,8 +78,7 @@ def main():
     ap.add_argument("before")
     ap.add_argument("after")
     args = ap.parse_args()
-    load = lambda p: torch.load(p, map_location="cpu", weights_only=False)  # noqa: E731 (train.py's own files)
-    r = compare(load(args.before), load(args.after))
+    r = compare(read_checkpoint(args.before)[1], read_checkpoint(args.after)[1])
     print(f"steps {r['steps'][0]} -> {r['steps'][1]}, weights {', '.join(r['dtypes'])}, lr {r['lr']:.3g}")
     print(f"weight entries changed: {100 * r['changed']:.3f}%")
     print(f"next AdamW step under half the weight's spacing (rounded away): {100 * r['below_half_spacing']:.2f}%; "
