@@ -15,7 +15,8 @@
 # regex on job names) keeps some; PARALLEL (default: all) caps the jobs running at once (MQAR (256, 16) at d_model 64
 # on the H100, 2026-11-25: 18 at once fit, 2.2 GiB logged a job; 24 at once ran out of memory at evaluation);
 # DEADLINE (a Unix time) gives each job the train.time_limit that ends it by then and starts no job in the last
-# minute. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes from it
+# minute; GPUS (e.g. "0 1") deals the jobs out to those GPUs in turn (CUDA_VISIBLE_DEVICES), PARALLEL then counting
+# jobs on all of them. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes from it
 # (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is
 # finished and not started again. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
 # (no checkpoints) and scripts/collect_sweep.py's table and figures.
@@ -50,6 +51,7 @@ case $WHAT in
   *) echo "unknown: $WHAT"; exit 2 ;;
 esac
 mkdir -p "$OUT" "$RUNS/$WHAT"
+gpus=(${GPUS:-})
 n=0
 for seed in ${SEEDS:-0}; do
   for lr in $(echo "${LRS:-task}" | tr , ' '); do
@@ -64,9 +66,11 @@ for seed in ${SEEDS:-0}; do
         left=$((DEADLINE - $(date +%s))); [ $left -lt 60 ] && { echo "$name: not started (deadline)"; continue; }
         args+=(train.time_limit=$((left - 20)))
       fi
-      echo "$name: python train.py ${args[*]}"
+      env=()
+      [ ${#gpus[@]} -gt 0 ] && env=(CUDA_VISIBLE_DEVICES=${gpus[n % ${#gpus[@]}]})
+      echo "$name: ${env[*]} python train.py ${args[*]}"
       rm -f "$RUNS/$WHAT/$name.rc"
-      { python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1; echo $? >"$RUNS/$WHAT/$name.rc"; } &
+      { env "${env[@]}" python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1; echo $? >"$RUNS/$WHAT/$name.rc"; } &
       n=$((n + 1))
     done
   done
