@@ -36,19 +36,20 @@ from pathlib import Path
 NAME = re.compile(r"^(?P<setting>[^-]+)-(?P<model>.+?)-s(?P<seed>\d+)(?:-lr(?P<lr>.+))?$")
 
 
-def load(paths, metric: str = "val_acc") -> dict:
+def load(paths, metric: str = "val_acc", max_step: int | None = None) -> dict:
     """{(setting, model, lr): {seed: best metric}} from run-record files; lr is "task" for the task's default."""
     scores: dict = defaultdict(dict)
-    for key, seed, run in named_runs(paths):
+    for key, seed, run in named_runs(paths, max_step):
         values = [e[metric] for e in run["evaluations"] if e.get(metric) is not None]
         if values:
             scores[key][seed] = max(values)
     return dict(scores)
 
 
-def named_runs(paths):
+def named_runs(paths, max_step: int | None = None):
     """(setting, model, lr), seed, run for every run of run-record files or run folders, in order (a later file's run
-    of the same name comes later)."""
+    of the same name comes later); with max_step, a run's evaluations after that step are left out (runs of different
+    lengths compared at one budget)."""
     for path in map(Path, paths):
         if path.is_dir():  # synthetic_gpu.sh's RUNS/<what>: one folder a job, its evaluations in metrics.jsonl
             runs = folder_runs(path)
@@ -59,19 +60,24 @@ def named_runs(paths):
             if m is None:
                 raise SystemExit(f"{path}: run {name!r} is not named <setting>-<model>-s<seed>[-lr<lr>] "
                                  "(scripts/synthetic_gpu.sh's job names)")
+            if max_step is not None:
+                run = {**run, "evaluations": [e for e in run["evaluations"] if e["step"] <= max_step]}
             yield (m["setting"], m["model"], m["lr"] or "task"), int(m["seed"]), run
 
 
 def folder_runs(folder: Path) -> dict:
     """{name: run} of synthetic_gpu.sh's run folders under `folder`: each run's evaluation rows of metrics.jsonl,
-    whether it finished (its task_eval.json exists), and the largest peak memory it logged."""
+    whether it finished (its task_eval.json exists; then also its final curves, e.g. copying's letters right by
+    length, `curve_char`), and the largest peak memory it logged."""
     runs = {}
     for d in sorted(folder.iterdir()):
         if not (d / "metrics.jsonl").exists():
             continue
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
         peaks = [r["peak_mem_gib"] for r in rows if r.get("peak_mem_gib") is not None]
-        runs[d.name] = {"finished": (d / "task_eval.json").exists(),
+        final = json.loads((d / "task_eval.json").read_text()) if (d / "task_eval.json").exists() else None
+        runs[d.name] = {"finished": final is not None,
+                        **{k: v for k, v in (final or {}).items() if k.startswith("curve")},
                         "evaluations": [r for r in rows if any(k.startswith("val_") for k in r)],
                         "train_peak_mem_gib": max(peaks) if peaks else None,
                         "tokens_per_step": next((r["tokens"] // r["step"] for r in rows if r.get("tokens")
@@ -196,7 +202,7 @@ def plot(scores: dict, path: Path) -> None:
     fig.savefig(path)
 
 
-def curves(paths, path: Path, metric: str, setting: str | None = None) -> None:
+def curves(paths, path: Path, metric: str, setting: str | None = None, max_step: int | None = None) -> None:
     """One row per (setting, model, lr): each seed's evaluations over training (accuracy within the training length
     solid, beyond it dashed: the task's val_acc and val_acc_extrap; against tokens seen where the records know the
     tokens a step, else steps), and its accuracy against length (the val_acc@L columns) at its best evaluation by
@@ -205,7 +211,7 @@ def curves(paths, path: Path, metric: str, setting: str | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups: dict = defaultdict(dict)
-    for key, seed, run in named_runs(paths):
+    for key, seed, run in named_runs(paths, max_step):
         if not setting or re.search(setting, key[0]):
             groups[key][seed] = ([e for e in run["evaluations"] if e.get("val_acc") is not None],
                                  run.get("tokens_per_step"))
@@ -242,6 +248,8 @@ def main():
     ap.add_argument("records", nargs="+", type=Path)
     ap.add_argument("--setting", help="a regex on the setting (the job name's first part), e.g. mqar256x16")
     ap.add_argument("--metric", default="val_acc")
+    ap.add_argument("--max-step", type=int, help="count only evaluations up to this step (runs of different lengths "
+                    "compared at one budget)")
     ap.add_argument("--baseline", help="the model (a suffix of its name, e.g. nope) to compare with seed by seed")
     ap.add_argument("--best-over", help="a comma list of learning rates (as the run names spell them): add each "
                     "seed's best over them, for the seeds that ran them all")
@@ -257,7 +265,7 @@ def main():
         rec = record(args.records, args.note, args.device, args.software)
         args.record.write_text(json.dumps(rec, indent=1) + "\n")
         print(f"wrote {args.record}: {len(rec['runs'])} runs")
-    scores = load(args.records, args.metric)
+    scores = load(args.records, args.metric, args.max_step)
     if args.setting:
         scores = {k: v for k, v in scores.items() if re.search(args.setting, k[0])}
         if not scores:
@@ -269,7 +277,7 @@ def main():
         plot(scores, args.out)
         print(f"wrote {args.out}")
     if args.curves:
-        curves(args.records, args.curves, args.metric, args.setting)
+        curves(args.records, args.curves, args.metric, args.setting, args.max_step)
         print(f"wrote {args.curves}")
 
 

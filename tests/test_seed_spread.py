@@ -28,6 +28,17 @@ def test_scores_are_each_runs_best_evaluation_and_later_files_win(tmp_path):
         seed_spread.load([bad])
 
 
+def test_max_step_scores_runs_of_different_lengths_at_one_budget(tmp_path):
+    # evaluations at steps 0, 1, 2, 3: the long run's best comes after step 1, the short run's within it
+    a = records(tmp_path, {"s2-gla_st-selective_rope_st-s0": [0.5, 0.6, 0.9, 1.0],
+                           "s2-gla_st_tau64-selective_rope_st-s0": [0.5, 0.7]})
+    assert seed_spread.load([a], max_step=1) == {("s2", "gla_st-selective_rope_st", "task"): {0: 0.6},
+                                                 ("s2", "gla_st_tau64-selective_rope_st", "task"): {0: 0.7}}
+    assert seed_spread.load([a])[("s2", "gla_st-selective_rope_st", "task")] == {0: 1.0}
+    # a run with no evaluation by then has no score
+    assert ("s2", "gla_st-selective_rope_st", "task") not in seed_spread.load([a], max_step=-1)
+
+
 def test_best_over_learning_rates_only_for_seeds_that_ran_them_all():
     scores = {("m", "x-nope", "1e-3"): {0: 0.2, 1: 0.6, 2: 0.9},
               ("m", "x-nope", "1e-2"): {0: 0.5, 1: 0.4}}
@@ -85,12 +96,16 @@ def test_record_of_run_folders_reads_back_as_the_folders_do(tmp_path):
             {"step": 100, "loss": 3.0, "peak_mem_gib": 0.5}, {"step": 100, "val_loss": 2.0, "val_acc": 0.4},
             {"step": 200, "loss": 1.0, "peak_mem_gib": 0.7}, {"step": 200, "val_loss": 1.0, "val_acc": 0.6}]) + "\n")
         if finished:
-            (runs / name / "task_eval.json").write_text("{}")
+            (runs / name / "task_eval.json").write_text(json.dumps({"curve": {"64": 1.0, "128": 0.0},
+                                                                    "curve_char": {"64": 1.0, "128": 0.4},
+                                                                    "config": {"not": "kept"}}))
     (runs / "mqar128x8-d64-gla-nope-s0-lr2.2e-2.log").write_text("a log, not a run")
     rec = seed_spread.record([runs], "two runs", "H100", "torch 2.11")
     assert rec["note"] == "two runs" and rec["device"] == "H100" and len(rec["runs"]) == 2
     nope = rec["runs"]["mqar128x8-d64-gla-nope-s0-lr2.2e-2"]
     assert nope["finished"] and not rec["runs"]["mqar128x8-d64-gla-rope-s0-lr2.2e-2"]["finished"]
+    assert nope["curve_char"] == {"64": 1.0, "128": 0.4} and "config" not in nope
+    assert "curve" not in rec["runs"]["mqar128x8-d64-gla-rope-s0-lr2.2e-2"]
     assert nope["train_peak_mem_gib"] == 0.7 and [e["step"] for e in nope["evaluations"]] == [100, 200]
     assert nope["tokens_per_step"] is None  # these rows log no tokens; train.py's do (the curves' x axis)
     path = tmp_path / "rec.json"
