@@ -16,8 +16,8 @@
 # on the H100, 2026-11-25: 18 at once fit, 2.2 GiB logged a job; 24 at once ran out of memory at evaluation);
 # DEADLINE (a Unix time) gives each job the train.time_limit that ends it by then and starts no job in the last
 # minute; GPUS (e.g. "0 1") deals the jobs out to those GPUs in turn (CUDA_VISIBLE_DEVICES), PARALLEL then counting
-# jobs on all of them. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes from it
-# (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is
+# jobs on all of them. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes
+# from it (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is
 # finished and not started again. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
 # (no checkpoints) and scripts/collect_sweep.py's table and figures.
 set -uo pipefail
@@ -70,7 +70,8 @@ for seed in ${SEEDS:-0}; do
       [ ${#gpus[@]} -gt 0 ] && env=(CUDA_VISIBLE_DEVICES=${gpus[n % ${#gpus[@]}]})
       echo "$name: ${env[*]} python train.py ${args[*]}"
       rm -f "$RUNS/$WHAT/$name.rc"
-      { env "${env[@]}" python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1; echo $? >"$RUNS/$WHAT/$name.rc"; } &
+      { env "${env[@]}" python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1
+        echo $? >"$RUNS/$WHAT/$name.rc"; } &
       n=$((n + 1))
     done
   done

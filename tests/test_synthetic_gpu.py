@@ -1,0 +1,38 @@
+"""scripts/synthetic_gpu.sh, the driver of the README's synthetic-task GPU runs, run for real on the CPU, tiny."""
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ("train.batch_size=4 train.micro_batch=4 model.d_model=16 model.n_heads=2 model.mlp_hidden=16 "
+        "data.train_examples=64 data.test_examples=8 data.seq_len=8 data.eval_len=16 train.device=cpu")
+
+
+@pytest.mark.slow
+def test_gpus_deals_the_jobs_out_in_turn_and_every_job_finishes(tmp_path):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # its `python` is ours
+           "GPUS": "0 1", "SEEDS": "0 1 2", "ONLY": "selective", "STEPS": "1", "RUNS": str(tmp_path / "runs"),
+           "EXTRA": TINY}
+    r = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    started = [line for line in r.stdout.splitlines() if ": " in line and "python train.py" in line]
+    assert [line.split(":")[0] for line in started] == [f"s2-gla_st-selective_rope_st-s{s}" for s in (0, 1, 2)]
+    assert ["CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1", "CUDA_VISIBLE_DEVICES=0"] == [
+        line.split(": ", 1)[1].split()[0] for line in started]
+    assert "parity_gla: 3 jobs, 0 ended non-zero" in r.stdout
+    runs = tmp_path / "runs" / "parity_gla"
+    assert all((runs / f"s2-gla_st-selective_rope_st-s{s}" / "task_eval.json").exists() for s in (0, 1, 2))
+    with tarfile.open(tmp_path / "out" / "parity_gla.tar.gz") as tar:
+        names = tar.getnames()
+    assert "parity_gla/s2-gla_st-selective_rope_st-s1/task_eval.json" in names
+    assert not any("checkpoints" in n for n in names)
+    # run again: finished jobs are not started again
+    again = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT,
+                           env={**env, "GPUS": ""}, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("finished before") == 3, again.stdout[-2000:]
