@@ -53,7 +53,8 @@ class Runtime:
         if rt.distributed:
             if cuda:
                 torch.cuda.set_device(rt.device)
-            dist.init_process_group(backend="nccl" if cuda else "gloo")
+            # device_id binds NCCL to this rank's GPU (else every barrier warns that it guesses the device)
+            dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=rt.device if cuda else None)
         return rt
 
     @staticmethod
