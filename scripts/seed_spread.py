@@ -212,9 +212,9 @@ def curves(paths, path: Path, metric: str, setting: str | None = None, max_step:
     import matplotlib.pyplot as plt
     groups: dict = defaultdict(dict)
     for key, seed, run in named_runs(paths, max_step):
-        if not setting or re.search(setting, key[0]):
-            groups[key][seed] = ([e for e in run["evaluations"] if e.get("val_acc") is not None],
-                                 run.get("tokens_per_step"))
+        evals = [e for e in run["evaluations"] if e.get("val_acc") is not None]
+        if evals and (not setting or re.search(setting, key[0])):  # none by --max-step: nothing to draw of it
+            groups[key][seed] = (evals, run.get("tokens_per_step"))
     if not groups:
         raise SystemExit("no run with evaluations to draw")
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.2 * len(groups)), dpi=120, squeeze=False)

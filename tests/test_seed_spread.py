@@ -135,3 +135,8 @@ def test_curves_draw_each_seeds_training_and_its_best_evaluations_lengths(tmp_pa
     assert (tmp_path / "tokens.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="no run with evaluations"):
         seed_spread.curves([path], tmp_path / "none.png", "val_acc", setting="copy")
+    # --max-step before a run's first evaluation leaves it out of the figure; before every run's, no figure
+    seed_spread.curves([path], tmp_path / "early.png", "val_acc", max_step=1)  # only the MQAR run (step 1)
+    assert (tmp_path / "early.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="no run with evaluations"):
+        seed_spread.curves([path], tmp_path / "none.png", "val_acc", max_step=0)
