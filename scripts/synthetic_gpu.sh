@@ -66,11 +66,11 @@ for seed in ${SEEDS:-0}; do
         left=$((DEADLINE - $(date +%s))); [ $left -lt 60 ] && { echo "$name: not started (deadline)"; continue; }
         args+=(train.time_limit=$((left - 20)))
       fi
-      env=()
-      [ ${#gpus[@]} -gt 0 ] && env=(CUDA_VISIBLE_DEVICES=${gpus[n % ${#gpus[@]}]})
-      echo "$name: ${env[*]} python train.py ${args[*]}"
+      on_gpu=()
+      [ ${#gpus[@]} -gt 0 ] && on_gpu=(CUDA_VISIBLE_DEVICES=${gpus[n % ${#gpus[@]}]})
+      echo "$name: ${on_gpu[*]} python train.py ${args[*]}"
       rm -f "$RUNS/$WHAT/$name.rc"
-      { env "${env[@]}" python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1
+      { env "${on_gpu[@]}" python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1
         echo $? >"$RUNS/$WHAT/$name.rc"; } &
       n=$((n + 1))
     done
