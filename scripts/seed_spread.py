@@ -8,6 +8,8 @@ between schemes seed by seed.
     python scripts/seed_spread.py outputs/synthetic/mqar --record docs/synthetic/NEW.json --note "what, where, how"
     python scripts/seed_spread.py docs/synthetic/s2_seedlike_h100_2026-11-25.json --metric val_acc_extrap \
         --curves docs/synthetic/s2_seedlike_h100.png       # each seed's training and accuracy against length
+    python scripts/seed_spread.py docs/synthetic/copying_*full*.json docs/synthetic/copying_seeds*.json \
+        --final docs/synthetic/copying_seeds_h100.png       # finished runs' final curves: mean over seeds by length
 
 Reads run records (JSON: {"runs": {name: {"evaluations": [{"step", "val_acc", ...}, ...]}}}, docs/synthetic) or
 run folders (synthetic_gpu.sh's RUNS/<what>: each job's metrics.jsonl), named as synthetic_gpu.sh names its jobs:
@@ -19,7 +21,8 @@ nope), each model's difference from the baseline seed by seed (the seeds both ra
 standard error and how many seeds favour the model; with several settings, also pooled over all their (setting, seed)
 pairs. --out draws the scores (one dot a seed, a bar at the mean) per setting and learning rate. --record writes run
 folders as such a record (every evaluation of every run, whether it finished, its logged memory peak) with --note,
---device and --software: the form docs/synthetic keeps.
+--device and --software: the form docs/synthetic keeps. --final tabulates and draws the final curves of finished runs
+(task_eval.json's `curve`, `curve_char`, ...: the trained model, not its best evaluation) against length.
 """
 
 from __future__ import annotations
@@ -243,6 +246,73 @@ def curves(paths, path: Path, metric: str, setting: str | None = None, max_step:
     fig.savefig(path)
 
 
+def finals(paths, setting: str | None = None) -> dict:
+    """{(setting, model, lr): {curve: {seed: {length: accuracy}}}} of the finished runs that kept their final curves
+    (task_eval.json's curve, curve_char, ...; a later file's run of the same name wins)."""
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for key, seed, run in named_runs(paths):
+        if setting and not re.search(setting, key[0]):
+            continue
+        for name, curve in run.items():
+            if name.startswith("curve") and isinstance(curve, dict):
+                out[key][name][seed] = {int(n): a for n, a in curve.items()}
+    if not out:
+        raise SystemExit("no finished run with final curves (task_eval.json's curve*) in these records")
+    return {k: dict(v) for k, v in out.items()}
+
+
+def final_table(by_key: dict) -> str:
+    """Per curve, one row per model: the mean over seeds (and sd, with several) at each length, in %."""
+    lines = []
+    for name in sorted({c for curves_ in by_key.values() for c in curves_}):
+        rows = {k: v[name] for k, v in sorted(by_key.items()) if name in v}
+        lengths = sorted({n for by_seed in rows.values() for c in by_seed.values() for n in c})
+        lines += [f"{name}: final accuracy, %, mean ± sd over seeds", "",
+                  "| setting | model | lr | seeds | " + " | ".join(map(str, lengths)) + " |",
+                  "|---|---|---|---:|" + "---:|" * len(lengths)]
+        for (setting, model, lr), by_seed in rows.items():
+            cells = []
+            for n in lengths:
+                xs = [100 * c[n] for c in by_seed.values() if n in c]
+                cells.append(f"{statistics.mean(xs):.1f}" + (f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else "")
+                             if xs else "")
+            seeds = ",".join(map(str, sorted(by_seed)))
+            lines.append(f"| {setting} | {model} | {lr} | {seeds} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_finals(by_key: dict, path: Path) -> None:
+    """One panel per curve (strings right, letters right, ...): a colour per model, a thin line per seed, a thick one
+    for the mean over seeds, against length."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = sorted({c for curves_ in by_key.values() for c in curves_})
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.8), dpi=120, squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for i, (key, curves_) in enumerate(sorted(by_key.items())):
+            by_seed = curves_.get(name, {})
+            if not by_seed:
+                continue
+            color = f"C{i % 10}"
+            for c in by_seed.values():
+                ax.plot(sorted(c), [100 * c[n] for n in sorted(c)], color=color, lw=0.7, alpha=0.5)
+            lengths = sorted(set.intersection(*(set(c) for c in by_seed.values())))
+            ax.plot(lengths, [100 * statistics.mean(c[n] for c in by_seed.values()) for n in lengths], color=color,
+                    lw=2, marker=".", label=f"{key[1]}" + ("" if key[2] == "task" else f", lr {key[2]}")
+                    + f" ({len(by_seed)} seed{'s' if len(by_seed) > 1 else ''})")
+        what = {"curve": " (copying: strings right)", "curve_char": " (letters right)"}.get(name, "")
+        ax.set_title(f"{name}{what}: the trained model (thin: a seed, thick: the mean)", fontsize=8)
+        ax.set_xlabel("length")
+        ax.set_ylabel("accuracy, %")
+        ax.set_ylim(0, 101)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("records", nargs="+", type=Path)
@@ -256,6 +326,8 @@ def main():
     ap.add_argument("--out", type=Path, help="a PNG of every seed's score")
     ap.add_argument("--curves", type=Path, help="a PNG of every run's evaluations over training and of its accuracy "
                     "against length at its best evaluation")
+    ap.add_argument("--final", type=Path, help="a PNG (and a printed table) of finished runs' final curves against "
+                    "length, the mean over seeds")
     ap.add_argument("--record", type=Path, help="write the run folders given as a run record (JSON) to this path")
     ap.add_argument("--note", default="", help="--record: what the runs are (command, budget, calls)")
     ap.add_argument("--device", default="", help="--record: where they ran")
@@ -279,6 +351,11 @@ def main():
     if args.curves:
         curves(args.records, args.curves, args.metric, args.setting, args.max_step)
         print(f"wrote {args.curves}")
+    if args.final:
+        by_key = finals(args.records, args.setting)
+        print(final_table(by_key))
+        plot_finals(by_key, args.final)
+        print(f"wrote {args.final}")
 
 
 if __name__ == "__main__":

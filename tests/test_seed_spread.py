@@ -140,3 +140,28 @@ def test_curves_draw_each_seeds_training_and_its_best_evaluations_lengths(tmp_pa
     assert (tmp_path / "early.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="no run with evaluations"):
         seed_spread.curves([path], tmp_path / "none.png", "val_acc", max_step=0)
+
+
+def test_final_curves_are_the_finished_runs_curves_averaged_over_seeds(tmp_path):
+    def run(strings, letters):
+        return {"finished": True, "curve": {"64": 1.0, "96": strings}, "curve_char": {"64": 1.0, "96": letters},
+                "evaluations": [{"step": 1, "val_acc": 0.5}]}
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"runs": {"copy-gla-nope-s0": run(0.1, 0.9), "copy-gla-nope-s1": run(0.3, 0.7),
+                                      "copy-gla-sel-s0": run(0.0, 0.5),
+                                      "copy-gla-sel-s1": {"evaluations": []},  # not finished: no final curves
+                                      "s2-gla_st-nope-s0": run(1.0, 1.0)}}))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"runs": {"copy-gla-sel-s0": run(0.2, 0.6)}}))  # a later file's run wins
+    by_key = seed_spread.finals([a, b], setting="copy")
+    assert by_key == {("copy", "gla-nope", "task"): {"curve": {0: {64: 1.0, 96: 0.1}, 1: {64: 1.0, 96: 0.3}},
+                                                     "curve_char": {0: {64: 1.0, 96: 0.9}, 1: {64: 1.0, 96: 0.7}}},
+                      ("copy", "gla-sel", "task"): {"curve": {0: {64: 1.0, 96: 0.2}},
+                                                    "curve_char": {0: {64: 1.0, 96: 0.6}}}}
+    table = seed_spread.final_table(by_key)
+    assert "| copy | gla-nope | task | 0,1 | 100.0 ± 0.0 | 20.0 ± 14.1 |" in table
+    assert "| copy | gla-sel | task | 0 | 100.0 | 60.0 |" in table
+    seed_spread.plot_finals(by_key, tmp_path / "final.png")
+    assert (tmp_path / "final.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="no finished run"):
+        seed_spread.finals([a], setting="mqar")
