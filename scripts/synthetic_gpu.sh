@@ -16,7 +16,8 @@
 # on the H100, 2026-11-25: 18 at once fit, 2.2 GiB logged a job; 24 at once ran out of memory at evaluation);
 # DEADLINE (a Unix time) gives each job the train.time_limit that ends it by then and starts no job in the last
 # minute; GPUS (e.g. "0 1") deals the jobs out to those GPUs in turn (CUDA_VISIBLE_DEVICES), PARALLEL then counting
-# jobs on all of them. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes
+# jobs on all of them; NPROC (default 1) runs each job data-parallel over that many processes (torchrun, DDP: the
+# same global batch, one long run sooner), each job then getting the next NPROC of GPUS. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes
 # from it (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is
 # finished and not started again. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
 # (no checkpoints) and scripts/collect_sweep.py's table and figures.
@@ -52,6 +53,11 @@ case $WHAT in
 esac
 mkdir -p "$OUT" "$RUNS/$WHAT"
 gpus=(${GPUS:-})
+nproc=${NPROC:-1}
+launch=(python)
+[ "$nproc" -gt 1 ] && launch=(python -m torch.distributed.run --standalone --nproc_per_node="$nproc")
+[ ${#gpus[@]} -gt 0 ] && [ $(( ${#gpus[@]} % nproc )) -ne 0 ] && {
+  echo "GPUS (${gpus[*]}) is not a multiple of NPROC=$nproc: each job takes NPROC of them"; exit 2; }
 n=0
 for seed in ${SEEDS:-0}; do
   for lr in $(echo "${LRS:-task}" | tr , ' '); do
@@ -67,10 +73,14 @@ for seed in ${SEEDS:-0}; do
         args+=(train.time_limit=$((left - 20)))
       fi
       on_gpu=()
-      [ ${#gpus[@]} -gt 0 ] && on_gpu=(CUDA_VISIBLE_DEVICES=${gpus[n % ${#gpus[@]}]})
-      echo "$name: ${on_gpu[*]} python train.py ${args[*]}"
+      if [ ${#gpus[@]} -gt 0 ]; then  # the next NPROC GPUs, in turn
+        first=$(( n * nproc % ${#gpus[@]} ))
+        group=$(IFS=,; echo "${gpus[*]:first:nproc}")
+        on_gpu=(CUDA_VISIBLE_DEVICES=$group)
+      fi
+      echo "$name: ${on_gpu[*]} ${launch[*]} train.py ${args[*]}"
       rm -f "$RUNS/$WHAT/$name.rc"
-      { env "${on_gpu[@]}" python train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1
+      { env "${on_gpu[@]}" "${launch[@]}" train.py "${args[@]}" >>"$RUNS/$WHAT/$name.log" 2>&1
         echo $? >"$RUNS/$WHAT/$name.rc"; } &
       n=$((n + 1))
     done

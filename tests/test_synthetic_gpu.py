@@ -36,3 +36,25 @@ def test_gpus_deals_the_jobs_out_in_turn_and_every_job_finishes(tmp_path):
     again = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT,
                            env={**env, "GPUS": ""}, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("finished before") == 3, again.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_nproc_runs_each_job_data_parallel_on_its_own_group_of_gpus(tmp_path):
+    """NPROC=2: each job is a 2-process DDP run (gloo here) given the next two of GPUS; GPUS must divide into them."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "GPUS": "0 1 2 3", "NPROC": "2", "SEEDS": "0 1", "ONLY": "selective", "STEPS": "2",
+           "RUNS": str(tmp_path / "runs"), "EXTRA": TINY + " train.micro_batch=2"}
+    r = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    started = [line.split(": ", 1)[1] for line in r.stdout.splitlines() if "train.py" in line]
+    assert [s.split()[0] for s in started] == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
+    assert all("torch.distributed.run --standalone --nproc_per_node=2 train.py" in s for s in started)
+    assert "parity_gla: 2 jobs, 0 ended non-zero" in r.stdout
+    for seed in (0, 1):
+        run = tmp_path / "runs" / "parity_gla" / f"s2-gla_st-selective_rope_st-s{seed}"
+        assert (run / "task_eval.json").exists()
+        assert "world 2 (DDP)" in (run.parent / f"{run.name}.log").read_text()
+    bad = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT,
+                         env={**env, "GPUS": "0 1 2"}, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not a multiple of NPROC=2" in bad.stdout
