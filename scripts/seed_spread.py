@@ -234,16 +234,19 @@ def curves(paths, path: Path, metric: str, setting: str | None = None, max_step:
             right.plot(lengths, [100 * best[f"val_acc@{n}"] for n in lengths], color=color, marker=".",
                        label=f"seed {seed}, step {best['step']:,}")
         left.set_title(f"{key[0]} {key[1]}, lr {key[2]}: solid within the training length, dashed beyond", fontsize=8)
-        left.set_xlabel("tokens seen, billions" if in_tokens else "step")
+        accuracy_axes(left, "tokens seen, billions" if in_tokens else "step")
         right.set_title(f"accuracy at each length, each seed's best evaluation by {metric}", fontsize=8)
-        right.set_xlabel("length")
-        for ax in (left, right):
-            ax.set_ylabel("accuracy, %")
-            ax.set_ylim(0, 101)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
+        accuracy_axes(right, "length")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def accuracy_axes(ax, xlabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy, %")
+    ax.set_ylim(0, 101)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
 
 
 def finals(paths, setting: str | None = None) -> dict:
@@ -304,11 +307,7 @@ def plot_finals(by_key: dict, path: Path) -> None:
                     + f" ({len(by_seed)} seed{'s' if len(by_seed) > 1 else ''})")
         what = {"curve": " (copying: strings right)", "curve_char": " (letters right)"}.get(name, "")
         ax.set_title(f"{name}{what}: the trained model (thin: a seed, thick: the mean)", fontsize=8)
-        ax.set_xlabel("length")
-        ax.set_ylabel("accuracy, %")
-        ax.set_ylim(0, 101)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        accuracy_axes(ax, "length")
     fig.tight_layout()
     fig.savefig(path)
 
