@@ -17,9 +17,9 @@
 # DEADLINE (a Unix time) gives each job the train.time_limit that ends it by then and starts no job in the last
 # minute; GPUS (e.g. "0 1") deals the jobs out to those GPUs in turn (CUDA_VISIBLE_DEVICES), PARALLEL then counting
 # jobs on all of them; NPROC (default 1) runs each job data-parallel over that many processes (torchrun, DDP: the
-# same global batch, one long run sooner), each job then getting the next NPROC of GPUS. Runs live in RUNS (default outputs/synthetic); a job whose folder has a checkpoint resumes
-# from it (resume=auto), so a sweep longer than one sitting is this command repeated; a job with a task_eval.json is
-# finished and not started again. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
+# same global batch, one long run sooner), each job then getting the next NPROC of GPUS. Runs live in RUNS (default
+# outputs/synthetic); a job whose folder has a checkpoint resumes from it (resume=auto), so a sweep longer than one
+# sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
 # (no checkpoints) and scripts/collect_sweep.py's table and figures.
 set -uo pipefail
 OUT=${1:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
@@ -51,13 +51,13 @@ case $WHAT in
       jobs+=("copy-gla-$name|task=copying backbone=gla backbone.expand_k=1.0 pe=${p//+/ pe.}"); done ;;
   *) echo "unknown: $WHAT"; exit 2 ;;
 esac
-mkdir -p "$OUT" "$RUNS/$WHAT"
 gpus=(${GPUS:-})
 nproc=${NPROC:-1}
-launch=(python)
-[ "$nproc" -gt 1 ] && launch=(python -m torch.distributed.run --standalone --nproc_per_node="$nproc")
 [ ${#gpus[@]} -gt 0 ] && [ $(( ${#gpus[@]} % nproc )) -ne 0 ] && {
   echo "GPUS (${gpus[*]}) is not a multiple of NPROC=$nproc: each job takes NPROC of them"; exit 2; }
+launch=(python)
+[ "$nproc" -gt 1 ] && launch=(python -m torch.distributed.run --standalone --nproc_per_node="$nproc")
+mkdir -p "$OUT" "$RUNS/$WHAT"
 n=0
 for seed in ${SEEDS:-0}; do
   for lr in $(echo "${LRS:-task}" | tr , ' '); do

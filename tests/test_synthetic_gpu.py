@@ -13,13 +13,18 @@ TINY = ("train.batch_size=4 train.micro_batch=4 model.d_model=16 model.n_heads=2
         "data.train_examples=64 data.test_examples=8 data.seq_len=8 data.eval_len=16 train.device=cpu")
 
 
+def driver(out, timeout=600, **env):
+    """scripts/synthetic_gpu.sh OUT parity_gla with these variables; its `python` is this interpreter."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    return subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(out), "parity_gla"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.slow
 def test_gpus_deals_the_jobs_out_in_turn_and_every_job_finishes(tmp_path):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # its `python` is ours
-           "GPUS": "0 1", "SEEDS": "0 1 2", "ONLY": "selective", "STEPS": "1", "RUNS": str(tmp_path / "runs"),
+    env = {"GPUS": "0 1", "SEEDS": "0 1 2", "ONLY": "selective", "STEPS": "1", "RUNS": str(tmp_path / "runs"),
            "EXTRA": TINY}
-    r = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = driver(tmp_path / "out", **env)
     assert r.returncode == 0, r.stderr[-2000:]
     started = [line for line in r.stdout.splitlines() if ": " in line and "python train.py" in line]
     assert [line.split(":")[0] for line in started] == [f"s2-gla_st-selective_rope_st-s{s}" for s in (0, 1, 2)]
@@ -33,19 +38,16 @@ def test_gpus_deals_the_jobs_out_in_turn_and_every_job_finishes(tmp_path):
     assert "parity_gla/s2-gla_st-selective_rope_st-s1/task_eval.json" in names
     assert not any("checkpoints" in n for n in names)
     # run again: finished jobs are not started again
-    again = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT,
-                           env={**env, "GPUS": ""}, capture_output=True, text=True, timeout=600)
+    again = driver(tmp_path / "out", **{**env, "GPUS": ""})
     assert again.returncode == 0 and again.stdout.count("finished before") == 3, again.stdout[-2000:]
 
 
 @pytest.mark.slow
 def test_nproc_runs_each_job_data_parallel_on_its_own_group_of_gpus(tmp_path):
     """NPROC=2: each job is a 2-process DDP run (gloo here) given the next two of GPUS; GPUS must divide into them."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "GPUS": "0 1 2 3", "NPROC": "2", "SEEDS": "0 1", "ONLY": "selective", "STEPS": "2",
+    env = {"GPUS": "0 1 2 3", "NPROC": "2", "SEEDS": "0 1", "ONLY": "selective", "STEPS": "2",
            "RUNS": str(tmp_path / "runs"), "EXTRA": TINY + " train.micro_batch=2"}
-    r = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = driver(tmp_path / "out", **env)
     assert r.returncode == 0, r.stderr[-2000:]
     started = [line.split(": ", 1)[1] for line in r.stdout.splitlines() if "train.py" in line]
     assert [s.split()[0] for s in started] == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
@@ -55,6 +57,5 @@ def test_nproc_runs_each_job_data_parallel_on_its_own_group_of_gpus(tmp_path):
         run = tmp_path / "runs" / "parity_gla" / f"s2-gla_st-selective_rope_st-s{seed}"
         assert (run / "task_eval.json").exists()
         assert "world 2 (DDP)" in (run.parent / f"{run.name}.log").read_text()
-    bad = subprocess.run(["bash", "scripts/synthetic_gpu.sh", str(tmp_path / "out"), "parity_gla"], cwd=ROOT,
-                         env={**env, "GPUS": "0 1 2"}, capture_output=True, text=True, timeout=60)
+    bad = driver(tmp_path / "out", timeout=60, **{**env, "GPUS": "0 1 2"})
     assert bad.returncode == 2 and "not a multiple of NPROC=2" in bad.stdout
