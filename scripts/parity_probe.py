@@ -8,7 +8,10 @@ read at t is +-1 by the parity of the prefix. The script prints, for every (head
 and the pairs closest to that rule, with the length at which the pair's angle error would reach pi/2. Then it
 scores the model again with the forget gate of the closest pair's two channels scaled by c = 1, 0.5, 0.25, 0 (c = 0:
 that pair never forgets the <bos> key): if the rotation is right and the gate is what forgets the reference,
-accuracy beyond the training length rises as c falls (README, "S2's extrapolation gap").
+accuracy beyond the training length rises as c falls (README, "S2's extrapolation gap"). Before that it prints the
+first position the model gets wrong on runs of one token (the parity rule gets them right at any length), its score
+without Selective RoPE's bias (an angle that does not depend on the input, RoPE's kind), and the periods with which
+its errors beyond the training length recur (README, "The seed's full schedule").
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import math
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
 from duality.data import tasks
@@ -55,6 +59,41 @@ def parity_pairs(angles: torch.Tensor) -> list[dict]:
              "length": math.pi / (e1[h, i].item() + e0[h, i].item() + 1e-12)}
             for h in range(e1.shape[0]) for i in range(e1.shape[1])]
     return sorted(rows, key=lambda r: r["err_1"] + r["err_0"])
+
+
+def error_periods(curve: dict, after: int, top: int = 3) -> list[tuple[float, float]]:
+    """The strongest periods, in tokens, of the error (1 - accuracy at each length) beyond length `after`, each with
+    its share of the error's variance: errors that recur at fixed positions, whatever the input, come from a rotation
+    that does not depend on the input, as RoPE's does not (README, "The seed's full schedule")."""
+    err = 1 - np.array([curve[n] for n in sorted(curve) if n > after], dtype=np.float64)
+    power = np.abs(np.fft.rfft(err - err.mean()))[1:] ** 2  # bin 0 is the mean
+    periods = len(err) / np.arange(1, len(power) + 1)
+    best = np.argsort(power)[::-1][:top]
+    return [(float(periods[k]), float(power[k] / power.sum())) for k in best]
+
+
+def first_wrong(model, token: int, bos: int, length: int) -> int | None:
+    """The first position of <bos> + `length` copies of `token` at which the model's answer is not the running parity
+    (None: right throughout). The parity rule in the angles is right on these as on any input; a solution that leans
+    on the mix of tokens seen in training is not."""
+    x = torch.tensor([[bos] + [token] * length])
+    with torch.no_grad():
+        answer = model(x)[0][0, 1:, :2].argmax(-1)
+    parity = torch.arange(1, length + 1) % 2 if token == 1 else torch.zeros(length, dtype=torch.long)
+    wrong = (answer != parity).nonzero()
+    return int(wrong[0]) + 1 if len(wrong) else None
+
+
+@contextmanager
+def bias_removed(model):
+    """The model without Selective RoPE's bias e^b, the angle every token adds whatever it is (RoPE's kind)."""
+    pe = model.blocks[0].mixer.pe
+    log_bias = pe.log_bias
+    pe.log_bias = None
+    try:
+        yield model
+    finally:
+        pe.log_bias = log_bias
 
 
 @contextmanager
@@ -96,6 +135,16 @@ def main():
     for r in pairs[:args.top]:
         print(f"  head {r['head']:2d} pair {r['pair']:2d}: a 0 adds {r['angle_0']:+.4f} rad, a 1 {r['angle_1']:+.4f}; "
               f"off by {r['err_0']:.4f} / {r['err_1']:.4f}: pi/2 after ~{r['length']:,.0f} tokens")
+    runs = {t: first_wrong(model, t, bos, task.evals[0].length) for t in (0, 1)}
+    print("runs of one token, first wrong position: " + ", ".join(f"all {t}s {runs[t] or 'none'}" for t in (0, 1)))
+    pe = model.blocks[0].mixer.pe
+    if pe.log_bias is not None:
+        b = (pe.log_bias.exp() * pe.theta).detach()
+        with bias_removed(model):
+            out = tasks.evaluate(model, task, 64, "cpu")
+        print(f"the bias turns each pair by {b.min():.2f}-{b.max():.2f} rad a token; without it: "
+              f"up to {task.train_len} {out['val_acc']:.4f}, beyond {out.get('val_acc_extrap', math.nan):.4f}",
+              flush=True)
     best = pairs[0]
     for c in (1.0, 0.5, 0.25, 0.0):
         with gate_scaled(model, best["head"], best["pair"], c):
@@ -106,6 +155,10 @@ def main():
               + " ".join(f"{n}:{curve[n]:.3f}" for n in points)
               + f" | up to {task.train_len} {out['val_acc']:.4f}, beyond {out.get('val_acc_extrap', math.nan):.4f},"
               f" sequences right to {max(curve)} {out.get('val_seq_acc_extrap', math.nan):.3f}", flush=True)
+        if c == 1.0:
+            print(f"  the error beyond {task.train_len} recurs every " + ", ".join(
+                f"{p:.2f} tokens ({share:.0%})" for p, share in error_periods(curve, task.train_len))
+                + " (share of its variance)")
 
 
 if __name__ == "__main__":
