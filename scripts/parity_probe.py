@@ -63,8 +63,9 @@ def parity_pairs(angles: torch.Tensor) -> list[dict]:
 
 def error_periods(curve: dict, after: int, top: int = 3) -> list[tuple[float, float]]:
     """The strongest periods, in tokens, of the error (1 - accuracy at each length) beyond length `after`, each with
-    its share of the error's variance: errors that recur at fixed positions, whatever the input, come from a rotation
-    that does not depend on the input, as RoPE's does not (README, "The seed's full schedule")."""
+    its share of the error's variance. Errors that recur at fixed positions, whatever the input, are what a rotation
+    that does not depend on the input (RoPE's kind) gives past the training length (README, "The seed's full
+    schedule")."""
     err = 1 - np.array([curve[n] for n in sorted(curve) if n > after], dtype=np.float64)
     power = np.abs(np.fft.rfft(err - err.mean()))[1:] ** 2  # bin 0 is the mean
     periods = len(err) / np.arange(1, len(power) + 1)
