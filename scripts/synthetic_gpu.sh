@@ -19,8 +19,9 @@
 # jobs on all of them; NPROC (default 1) runs each job data-parallel over that many processes (torchrun, DDP: the
 # same global batch, one long run sooner), each job then getting the next NPROC of GPUS. Runs live in RUNS (default
 # outputs/synthetic); a job whose folder has a checkpoint resumes from it (resume=auto), so a sweep longer than one
-# sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the end OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots
-# (no checkpoints) and scripts/collect_sweep.py's table and figures.
+# sitting is this command repeated; a job with a task_eval.json is finished and not started again. At the end
+# OUT/<what>.tar.gz holds every run's metrics, task_eval.json and plots (no checkpoints) and
+# scripts/collect_sweep.py's table and figures.
 set -uo pipefail
 OUT=${1:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
 WHAT=${2:?usage: synthetic_gpu.sh OUT parity|parity_gla|a3|mqar|copying}
