@@ -264,10 +264,15 @@ def finals(paths, setting: str | None = None) -> dict:
     return {k: dict(v) for k, v in out.items()}
 
 
+def curve_names(by_key: dict) -> list[str]:
+    """The final curves any model of finals() kept (curve, curve_char, ...), sorted."""
+    return sorted({name for curves_ in by_key.values() for name in curves_})
+
+
 def final_table(by_key: dict) -> str:
     """Per curve, one row per model: the mean over seeds (and sd, with several) at each length, in %."""
     lines = []
-    for name in sorted({c for curves_ in by_key.values() for c in curves_}):
+    for name in curve_names(by_key):
         rows = {k: v[name] for k, v in sorted(by_key.items()) if name in v}
         lengths = sorted({n for by_seed in rows.values() for c in by_seed.values() for n in c})
         lines += [f"{name}: final accuracy, %, mean ± sd over seeds", "",
@@ -291,7 +296,7 @@ def plot_finals(by_key: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = sorted({c for curves_ in by_key.values() for c in curves_})
+    names = curve_names(by_key)
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.8), dpi=120, squeeze=False)
     for ax, name in zip(axes[0], names):
         for i, (key, curves_) in enumerate(sorted(by_key.items())):
