@@ -80,7 +80,7 @@ def first_wrong(model, token: int, bos: int, length: int) -> int | None:
     x = torch.tensor([[bos] + [token] * length])
     with torch.no_grad():
         answer = model(x)[0][0, 1:, :2].argmax(-1)
-    parity = torch.arange(1, length + 1) % 2 if token == 1 else torch.zeros(length, dtype=torch.long)
+    parity = torch.cumsum(x[0, 1:] == 1, 0) % 2
     wrong = (answer != parity).nonzero()
     return int(wrong[0]) + 1 if len(wrong) else None
 
