@@ -310,7 +310,8 @@ def plot_finals(by_key: dict, path: Path) -> None:
             ax.plot(lengths, [100 * statistics.mean(c[n] for c in by_seed.values()) for n in lengths], color=color,
                     lw=2, marker=".", label=f"{key[1]}" + ("" if key[2] == "task" else f", lr {key[2]}")
                     + f" ({len(by_seed)} seed{'s' if len(by_seed) > 1 else ''})")
-        what = {"curve": " (copying: strings right)", "curve_char": " (letters right)"}.get(name, "")
+        what = {"curve": " (positions right; copying: strings right)", "curve_char": " (letters right)",
+                "curve_seq": " (sequences right at every position to the length)"}.get(name, "")
         ax.set_title(f"{name}{what}: the trained model (thin: a seed, thick: the mean)", fontsize=8)
         accuracy_axes(ax, "length")
     fig.tight_layout()
