@@ -29,6 +29,7 @@ from duality.trainer.config import check_config
 from duality.trainer.guard import NonFiniteGuard
 from duality.trainer.logger import Logger, StepMeter, default_out_dir
 from duality.trainer.optim import make_optimizer, make_schedule, train_step
+from duality.trainer.preempt import StopSignals
 from duality.trainer.profiling import Profiler
 from duality.trainer.runtime import Runtime
 
@@ -36,10 +37,11 @@ from duality.trainer.runtime import Runtime
 def run(cfg) -> dict:
     """Train as the config says; returns the final metrics. Raises ConfigError / ShardError on bad input and
     NonFinite when a step goes non-finite (train.nonfinite=stop). The out_dir's lock is released however it ends."""
-    lock = None
+    lock = stop = None
     try:
         t = cfg.train
         plan = check_config(cfg, Runtime.world_size())
+        stop = StopSignals(t.stop_signals).__enter__()  # noted from here on, acted on after the step it comes in
         rt = Runtime.start(cfg)
         out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg)
         if rt.master:  # one run per out_dir, before anything is read or written there
@@ -120,6 +122,13 @@ def run(cfg) -> dict:
             if done % t.ckpt_interval == 0 or last:
                 saver.save(done, wandb_id=logger.run_id)
                 meter.restart()
+            if not last and stop.requested(rt):  # a scheduler's notice (or Ctrl-C): stop here, as a pause
+                if done % t.ckpt_interval:
+                    saver.save(done, wandb_id=logger.run_id)
+                paused = True
+                say(done, f"{stop.received}: stopped after this step and checkpointed it; run again (resume=auto) "
+                          "to go on")
+                break
             if t.get("time_limit") and done % t.log_interval == 0 and not last and \
                     rt.master_decides(time.perf_counter() - rt.started > t.time_limit):
                 if done % t.ckpt_interval:
@@ -140,6 +149,8 @@ def run(cfg) -> dict:
     finally:
         if lock is not None:
             lock.release()
+        if stop is not None:
+            stop.__exit__(None, None, None)
 
 
 def main():

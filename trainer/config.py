@@ -17,6 +17,7 @@ from duality.model.gpt import AC_MODES, COMPILE_MODES
 from .guard import MODES as NONFINITE
 from .logger import LOGGER_MODES
 from .optim import SCHEDULES
+from .preempt import check_signals
 
 STRATEGIES = ("ddp", "fsdp")
 DTYPES = ("auto", "bf16", "fp32", "bf16_weights")
@@ -42,6 +43,7 @@ def check_config(cfg, world: int = 1) -> dict:
         v = t.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi):
             raise ConfigError(f"train.{key}={v!r}: {what}, or null")
+    check_signals(t.get("stop_signals"))
     if o.lr == 0:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))

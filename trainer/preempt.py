@@ -1,0 +1,65 @@
+"""Graceful stop on a scheduler's signal: Slurm and Kubernetes send SIGTERM before SIGKILL (and Slurm can send SIGUSR1
+ahead of a time limit, `--signal=USR1@90`); Ctrl-C is SIGINT. The handler only notes the signal; the loop finishes
+the step it is in, all ranks agree to stop at the same step, the run checkpoints there and exits like a pause
+(train.time_limit): resume=auto goes on from that step."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import torch
+
+NAMES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+
+
+def check_signals(names) -> list[str]:
+    """train.stop_signals as a list of signal names, refused with the valid ones if any is unknown."""
+    from duality.common.errors import ConfigError
+    names = list(names or [])
+    bad = [n for n in names if n not in NAMES]
+    if bad:
+        raise ConfigError(f"train.stop_signals: {bad} unknown; choose from {list(NAMES)} (or [] for none)")
+    return names
+
+
+class StopSignals:
+    """Installs handlers for the named signals while the loop runs (`with StopSignals(names) as stop:`); the first
+    signal sets `received`, a later one during the checkpoint is noted and ignored, so the save is never cut. The
+    previous handlers come back on exit."""
+
+    def __init__(self, names):
+        self.names, self.received, self._old = check_signals(names), None, {}
+
+    def _note(self, signum, _frame):
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+        else:
+            print(f"{name} received while stopping: the checkpoint is being written, please wait", file=sys.stderr,
+                  flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self  # Python lets only the main thread install handlers: a run in a thread keeps the defaults
+        for name in self.names:
+            self._old[name] = signal.signal(getattr(signal, name), self._note)
+        return self
+
+    def __exit__(self, *exc):
+        for name, old in self._old.items():
+            signal.signal(getattr(signal, name), old)
+        return False
+
+    def requested(self, rt) -> bool:
+        """Whether any rank got a signal: every rank stops at the same step (one reduction a step when several)."""
+        flag = self.received is not None
+        if not rt.distributed:
+            return flag
+        import torch.distributed as dist
+        t = torch.tensor(float(flag), device=rt.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if t.item() and self.received is None:
+            self.received = "a signal on another rank"
+        return bool(t.item())
