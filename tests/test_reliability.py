@@ -206,6 +206,12 @@ CLI_ERRORS = [
     (["model.n_layer=0"], "error: model.n_layer=0: an integer >= 1"),
     (["train.ckpt_interval=0"], "error: train.ckpt_interval=0: an integer >= 1"),
     (["train.log_interval=0"], "error: train.log_interval=0: an integer >= 1"),
+    (["optim.grad_clip=-1"], "error: optim.grad_clip=-1: a number > 0, or null"),
+    (["optim.weight_decay=-1"], "error: optim.weight_decay=-1: a number >= 0"),
+    (["optim.warmup=-5"], "error: optim.warmup=-5: a number >= 0"),
+    (["optim.betas=[1.5,0.95]"], "error: optim.betas=[1.5, 0.95]: two numbers in [0, 1)"),
+    (["optim.eps=0"], "error: optim.eps=0: a number > 0"),
+    (["data.vocab_size=0"], "error: data.vocab_size=0: an integer >= 1"),
     (["data=text", "data.files={d}/bad.jsonl", "data.format=json"],
      "error: data.files: {d}/bad.jsonl:2: not valid JSON"),
     (["data=text", "data.files={d}/latin1.txt"], "error: data.files: {d}/latin1.txt:1: not UTF-8 text"),
@@ -229,3 +235,13 @@ def test_bad_input_is_one_error_line_before_work(tmp_path, args, message):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert lines[-1].startswith(message.format(d=d)), r.stderr
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_resume_refuses_a_changed_seed_unless_allowed(tmp_path, cache):
+    """The seed sets the data order: a resume with another one would silently change the run (and its config.yaml)."""
+    out = tmp_path / "run"
+    train_lib.run(compose(tiny_overrides(out, cache, "train.steps=2", "train.ckpt_interval=2", "seed=1")))
+    with pytest.raises(ConfigError, match=r"cannot resume: seed was 1, now 2; .* resume_changes=\[seed\]"):
+        train_lib.run(compose(tiny_overrides(out, cache, "train.steps=4", "seed=2")))
+    train_lib.run(compose(tiny_overrides(out, cache, "train.steps=4", "seed=2", "resume_changes=[seed]")))
+    assert [r["step"] for r in metrics_rows(out) if "loss" in r] == [1, 2, 3, 4]

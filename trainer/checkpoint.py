@@ -208,6 +208,12 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
         if then != now:
             raise ConfigError(f"cannot resume from {group} config {then}: this run's is {now}; use another out_dir "
                               "(or resume=never in an empty one)")
+    allowed = list(cfg.get("resume_changes") or [])
+    then, now = ckpt_cfg.get("seed"), cfg.get("seed")
+    if then is not None and then != now and "seed" not in allowed:  # it sets the data order: the run would change
+        raise ConfigError(f"cannot resume: seed was {then}, now {now}; the seed sets the data order and the RNG "
+                          f"streams, so the run would no longer be reproducible from its config. Resume with seed="
+                          f"{then}, or allow the change: resume_changes=[seed]")
     for key in ("global_batch_tokens", "batch_size"):
         if ckpt_cfg["train"].get(key) != cfg.train.get(key):
             raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'].get(key)}, now {cfg.train.get(key)} "

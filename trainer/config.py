@@ -23,6 +23,32 @@ STRATEGIES = ("ddp", "fsdp")
 DTYPES = ("auto", "bf16", "fp32", "bf16_weights")
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_optim(o) -> None:
+    """The optimiser's values in their valid ranges: a negative clip or decay trains wrongly without an error
+    (grad_clip=-1 scaled every gradient by -1: gradient ascent)."""
+    checks = (("grad_clip", o.get("grad_clip"), lambda v: v is None or (_number(v) and v > 0), "a number > 0, or null"),
+              ("weight_decay", o.get("weight_decay"), lambda v: _number(v) and v >= 0, "a number >= 0"),
+              ("warmup", o.get("warmup"), lambda v: _number(v) and v >= 0,
+               "a number >= 0 (a fraction of the steps if < 1, else steps)"),
+              ("eps", o.get("eps"), lambda v: _number(v) and v > 0, "a number > 0"),
+              ("min_lr_ratio", o.get("min_lr_ratio"), lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+              ("decay_fraction", o.get("decay_fraction"), lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+              ("betas", o.get("betas"), lambda v: v is not None and len(v) == 2 and all(_number(b) and 0 <= b < 1
+                                                                                        for b in v),
+               "two numbers in [0, 1), e.g. [0.9, 0.95]"))
+    for key, value, ok, what in checks:
+        try:
+            good = ok(value)
+        except TypeError:
+            good = False
+        if not good:
+            raise ConfigError(f"optim.{key}={value!r}: {what}")
+
+
 def check_config(cfg, world: int = 1) -> dict:
     """Everything that can be checked before any work; returns derived numbers (steps, grad_accum)."""
     t, o = cfg.train, cfg.optim
@@ -44,6 +70,10 @@ def check_config(cfg, world: int = 1) -> dict:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi):
             raise ConfigError(f"train.{key}={v!r}: {what}, or null")
     check_signals(t.get("stop_signals"))
+    check_optim(o)
+    vocab = cfg.data.get("vocab_size")
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+        raise ConfigError(f"data.vocab_size={vocab!r}: an integer >= 1 (the vocabulary of data={cfg.data.name})")
     if o.lr == 0:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
