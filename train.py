@@ -14,7 +14,6 @@ Everything a run makes goes to out_dir: checkpoints/ (atomic, `latest` points at
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -37,11 +36,10 @@ from duality.trainer.runtime import Runtime
 def run(cfg) -> dict:
     """Train as the config says; returns the final metrics. Raises ConfigError / ShardError on bad input and
     NonFinite when a step goes non-finite (train.nonfinite=stop). The out_dir's lock is released however it ends."""
-    lock = stop = None
+    lock, stop = None, StopSignals(cfg.train.get("stop_signals"))  # noted from now, acted on after the step
     try:
         t = cfg.train
         plan = check_config(cfg, Runtime.world_size())
-        stop = StopSignals(t.stop_signals).__enter__()  # noted from here on, acted on after the step it comes in
         rt = Runtime.start(cfg)
         out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg)
         if rt.master:  # one run per out_dir, before anything is read or written there
@@ -122,19 +120,11 @@ def run(cfg) -> dict:
             if done % t.ckpt_interval == 0 or last:
                 saver.save(done, wandb_id=logger.run_id)
                 meter.restart()
-            if not last and stop.requested(rt):  # a scheduler's notice (or Ctrl-C): stop here, as a pause
-                if done % t.ckpt_interval:
-                    saver.save(done, wandb_id=logger.run_id)
-                paused = True
-                say(done, f"{stop.received}: stopped after this step and checkpointed it; run again (resume=auto) "
-                          "to go on")
-                break
-            if t.get("time_limit") and done % t.log_interval == 0 and not last and \
-                    rt.master_decides(time.perf_counter() - rt.started > t.time_limit):
+            if why := stop.pause(rt, t, done, last):  # a stop signal or train.time_limit (trainer/preempt.py)
                 if done % t.ckpt_interval:
                     saver.save(done, wandb_id=logger.run_id)  # a pause, not an end: resume=auto goes on from here
                 paused = True
-                say(done, f"train.time_limit={t.time_limit} s reached: checkpointed; run again (resume=auto) to go on")
+                say(done, f"{why}: checkpointed; run again (resume=auto) to go on")
                 break
         bar.close()
         if profiler is not None:
@@ -149,8 +139,7 @@ def run(cfg) -> dict:
     finally:
         if lock is not None:
             lock.release()
-        if stop is not None:
-            stop.__exit__(None, None, None)
+        stop.restore()
 
 
 def main():

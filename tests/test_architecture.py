@@ -83,9 +83,16 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def ours(path: Path) -> bool:
+    """The repository's own code: not under a hidden folder (.venv, or a git-ignored checkout such as the seed's code
+    that scripts/official_ab.sh clones into .seed/) nor outputs/."""
+    parts = path.relative_to(ROOT).parts
+    return not any(p.startswith(".") for p in parts) and "outputs" not in parts
+
+
 def test_every_package_is_listed():
     """A new package joins the check (else its imports would go unseen)."""
-    found = {module_name(p.parent) for p in ROOT.glob("*/**/__init__.py") if ".venv" not in p.parts
+    found = {module_name(p.parent) for p in ROOT.glob("*/**/__init__.py") if ours(p)
              and "tests" not in p.parts and p.parent.name != "local_tasks"}
     assert found - set(PACKAGES) == set(), "add the new package to PACKAGES"
 
@@ -109,7 +116,7 @@ def test_every_import_of_this_repo_goes_through_the_duality_package():
     """`from model import x` would work only with the repository root on sys.path, and would load a second copy of
     the module beside duality.model (duality/__init__.py removes the root from sys.path)."""
     top = {p.split(".")[0] for p in PACKAGES} | set(SCRIPTS) | set(MODULES)
-    files = [f for f in ROOT.rglob("*.py") if not {".venv", "outputs"} & set(f.parts)]
+    files = [f for f in ROOT.rglob("*.py") if ours(f)]
     bare = [f"{f.relative_to(ROOT)}: {name}" for f in files for name in absolute_imports(f)
             if name.split(".")[0] in top]
     assert bare == [], bare

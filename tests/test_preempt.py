@@ -57,7 +57,7 @@ def test_a_signal_checkpoints_the_step_exits_0_and_the_resumed_run_matches(tmp_p
     rc, stdout, stderr = signal_at_step([sys.executable, "train.py", *tiny_overrides(out, cache, *COMMON)], out, sig)
     name = signal.Signals(sig).name
     assert rc == 0, stderr[-2000:]
-    assert f"{name}: stopped after this step and checkpointed it" in stdout
+    assert f"{name}: stopped after this step: checkpointed" in stdout
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert not (out / "run.lock").exists()
     stopped = max(losses(out))
@@ -90,7 +90,7 @@ def test_under_torchrun_a_signal_to_one_rank_stops_both_at_one_step(tmp_path, re
         raise AssertionError("no rank-1 worker found")
     rc, stdout, stderr = signal_at_step(cmd, out, signal.SIGTERM, pid_of=rank1)
     assert rc == 0, stderr[-3000:]
-    assert "a signal on another rank: stopped after this step and checkpointed it" in stdout
+    assert "a signal on another rank: stopped after this step: checkpointed" in stdout
     stopped = max(losses(out))
     assert 10 <= stopped < 200 and (out / "checkpoints" / f"step_{stopped:07d}.pt").exists()
     assert not (out / "run.lock").exists()

@@ -1,13 +1,14 @@
 """Graceful stop on a scheduler's signal: Slurm and Kubernetes send SIGTERM before SIGKILL (and Slurm can send SIGUSR1
 ahead of a time limit, `--signal=USR1@90`); Ctrl-C is SIGINT. The handler only notes the signal; the loop finishes
-the step it is in, all ranks agree to stop at the same step, the run checkpoints there and exits like a pause
-(train.time_limit): resume=auto goes on from that step."""
+the step it is in, all ranks agree to stop at the same step, the run checkpoints there and exits as it does at
+train.time_limit, the other pause: resume=auto goes on from that step."""
 
 from __future__ import annotations
 
 import signal
 import sys
 import threading
+import time
 
 import torch
 
@@ -25,12 +26,14 @@ def check_signals(names) -> list[str]:
 
 
 class StopSignals:
-    """Installs handlers for the named signals while the loop runs (`with StopSignals(names) as stop:`); the first
-    signal sets `received`, a later one during the checkpoint is noted and ignored, so the save is never cut. The
-    previous handlers come back on exit."""
+    """Handlers for the named signals from construction until restore() (or the end of a `with` block); the first
+    signal sets `received`, a later one during the checkpoint is noted and ignored, so the save is never cut."""
 
     def __init__(self, names):
         self.names, self.received, self._old = check_signals(names), None, {}
+        if threading.current_thread() is threading.main_thread():  # Python lets only the main thread install them
+            for name in self.names:
+                self._old[name] = signal.signal(getattr(signal, name), self._note)
 
     def _note(self, signum, _frame):
         name = signal.Signals(signum).name
@@ -40,17 +43,30 @@ class StopSignals:
             print(f"{name} received while stopping: the checkpoint is being written, please wait", file=sys.stderr,
                   flush=True)
 
+    def restore(self) -> None:
+        """The handlers there were before."""
+        for name, old in self._old.items():
+            signal.signal(getattr(signal, name), old)
+        self._old = {}
+
     def __enter__(self):
-        if threading.current_thread() is not threading.main_thread():
-            return self  # Python lets only the main thread install handlers: a run in a thread keeps the defaults
-        for name in self.names:
-            self._old[name] = signal.signal(getattr(signal, name), self._note)
         return self
 
     def __exit__(self, *exc):
-        for name, old in self._old.items():
-            signal.signal(getattr(signal, name), old)
+        self.restore()
         return False
+
+    def pause(self, rt, t, done: int, last: bool) -> str | None:
+        """Why the loop stops after step `done` and goes on later (resume=auto), or None: a stop signal (any rank,
+        checked every step) or train.time_limit (rank 0's clock, at log steps). Never at the last step: it ends."""
+        if last:
+            return None
+        if self.requested(rt):
+            return f"{self.received}: stopped after this step"
+        if t.get("time_limit") and done % t.log_interval == 0 and \
+                rt.master_decides(time.perf_counter() - rt.started > t.time_limit):
+            return f"train.time_limit={t.time_limit} s reached"
+        return None
 
     def requested(self, rt) -> bool:
         """Whether any rank got a signal: every rank stops at the same step (one reduction a step when several)."""
