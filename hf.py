@@ -19,6 +19,7 @@ would pay.
 from __future__ import annotations
 
 import copy
+import json
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -261,14 +262,36 @@ def export(ckpt, out, dtype: str = "float32") -> Path:
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"export dtype={dtype!r}; valid choices: ['float32', 'bfloat16', 'float16']")
     out = Path(out)
-    if out.exists() and not (out / "config.json").is_file():
-        raise ConfigError(f"out={out} exists and is not an earlier export (no config.json); choose another folder")
+    if out.exists() and not is_export(out):
+        what = "a file" if not out.is_dir() else f"holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}"
+        raise ConfigError(f"out={out} is not an earlier export of this repo ({what}; no {EXPORT_MARKER}): export "
+                          "replaces only its own folders; choose another out")
     model, tokenizer = DualityForCausalLM.from_checkpoint(ckpt)
     model.to(getattr(torch, dtype))
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt), "dtype": dtype}) + "\n")
     return out
+
+
+EXPORT_MARKER = "duality_export.json"  # what tells export that a folder is its own, and so may be replaced
+
+
+def is_export(folder: Path) -> bool:
+    """An empty folder, or one that export wrote: its marker, or (exports written before the marker) a config.json
+    of this model type and nothing but the files export writes."""
+    if not folder.is_dir():
+        return False
+    names = {p.name for p in folder.iterdir()}
+    if not names or EXPORT_MARKER in names:
+        return True
+    try:
+        typed = json.loads((folder / "config.json").read_text()).get("model_type") == DualityConfig.model_type
+    except (OSError, ValueError):
+        return False
+    return typed and names <= {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                               "tokenizer_config.json", "special_tokens_map.json"}
 
 
 AutoConfig.register(DualityConfig.model_type, DualityConfig, exist_ok=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .errors import USER_ERRORS
+from .errors import USER_ERRORS, describe_storage, storage_cause
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -21,6 +21,11 @@ def cli(run_fn, config_name: str):
             return run_fn(cfg)
         except USER_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        except (OSError, RuntimeError) as e:  # a place that cannot be written: one line, the path and the cause
+            if (cause := storage_cause(e)) is None:
+                raise
+            print(f"error: {describe_storage(cause)}", file=sys.stderr)
             sys.exit(2)
 
     _main()

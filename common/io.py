@@ -48,6 +48,10 @@ def atomic_dir(path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = (path.with_name(f".{path.name}.{kind}.{os.getpid()}") for kind in ("tmp", "old"))
+    for stale in path.parent.glob(f".{path.name}.*.*"):  # left by a writer that was killed: nothing else removes them
+        kind, _, pid = stale.name[len(path.name) + 2:].partition(".")
+        if kind in ("tmp", "old") and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -58,3 +62,14 @@ def atomic_dir(path):
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid runs on this machine (a writer on another host of a shared disk looks dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -284,3 +284,30 @@ def test_every_backbone_has_a_kernel_picture():
         assert k["log-weight"].shape == (2, 16) and torch.isfinite(k["log-weight"]).all(), name
         has_gate = m.blocks[0].mixer.log_gate(torch.zeros(1, 16, 32)) is not None
         assert bool(k["log-weight"][:, 1:].abs().sum() > 0) == has_gate, name
+
+
+def test_export_replaces_only_its_own_folders_and_clears_killed_exports(ckpt, tmp_path):
+    """A downloaded model's folder (config.json, pytorch_model.bin, README.md) is refused with one error and left as
+    it was; an earlier export is replaced; the hidden folders of an export killed mid-write are removed."""
+    from duality.hf import EXPORT_MARKER, export
+    foreign = tmp_path / "downloaded"
+    foreign.mkdir()
+    for name, text in (("config.json", '{"model_type": "llama"}'), ("pytorch_model.bin", "weights"),
+                       ("README.md", "mine")):
+        (foreign / name).write_text(text)
+    with pytest.raises(ConfigError, match=r"out=.*downloaded is not an earlier export of this repo \(holds "
+                                          r"README.md, config.json, pytorch_model.bin; no duality_export.json\)"):
+        export(str(ckpt), foreign)
+    assert sorted(p.name for p in foreign.iterdir()) == ["README.md", "config.json", "pytorch_model.bin"]
+    out = tmp_path / "hf"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for kind in ("tmp", "old"):  # what a killed export leaves beside its target
+        (tmp_path / f".hf.{kind}.{dead.pid}").mkdir()
+        (tmp_path / f".hf.{kind}.{dead.pid}" / "config.json").write_text("{}")
+    export(str(ckpt), out)
+    assert (out / EXPORT_MARKER).is_file() and json.loads((out / EXPORT_MARKER).read_text())["dtype"] == "float32"
+    (out / "model.safetensors").write_bytes(b"stale")
+    export(str(ckpt), out, "bfloat16")  # its own folder: replaced
+    assert (out / "model.safetensors").stat().st_size > 5
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -5,6 +5,7 @@ one `error:` line before any work."""
 
 import json
 import math
+import re
 import os
 import signal
 import socket
@@ -245,3 +246,45 @@ def test_resume_refuses_a_changed_seed_unless_allowed(tmp_path, cache):
         train_lib.run(compose(tiny_overrides(out, cache, "train.steps=4", "seed=2")))
     train_lib.run(compose(tiny_overrides(out, cache, "train.steps=4", "seed=2", "resume_changes=[seed]")))
     assert [r["step"] for r in metrics_rows(out) if "loss" in r] == [1, 2, 3, 4]
+
+
+def test_a_full_disk_at_a_save_names_the_last_good_checkpoint(tmp_path, cache, monkeypatch):
+    """torch.save on a full disk raises `RuntimeError: [enforce fail ...] unexpected pos` with the ENOSPC inside: the
+    run ends with one line naming the path, the cause and the last good checkpoint, which `latest` still names."""
+    import errno
+
+    from duality.common.errors import StorageError
+    from duality.trainer import checkpoint as ck
+    real, calls = ck.torch.save, []
+
+    def full_disk(obj, f, *a, **k):
+        calls.append(1)
+        if len(calls) < 2:
+            return real(obj, f, *a, **k)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(f.name))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+    monkeypatch.setattr(ck.torch, "save", full_disk)
+    out = tmp_path / "run"
+    want = (r"step 4: checkpoint not written: .*step_0000004\.pt\.tmp\.\d+: No space left on device \(ENOSPC\)\. "
+            r"The last good checkpoint is .*step_0000002\.pt \(resume=auto continues from it\)")
+    with pytest.raises(StorageError, match=want):
+        train_lib.run(compose(tiny_overrides(out, cache, "train.steps=6", "train.ckpt_interval=2")))
+    assert (out / "checkpoints" / "latest").read_text() == "step_0000002.pt"
+    assert not list((out / "checkpoints").glob("*.tmp.*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["out_dir", "data.cache_dir"])
+def test_a_place_that_cannot_be_made_is_one_error_line(tmp_path, where):
+    """An out_dir or data cache under an existing file: one `error:` line with the path and the errno, exit 2."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    args = {"out_dir": tmp_path / "out", "data.cache_dir": tmp_path / "cache", where: blocker / "sub"}
+    r = subprocess.run([sys.executable, "train.py", *[f"{k}={v}" for k, v in args.items()], "train.device=cpu",
+                        "logger.mode=disabled", "train.progress=false", "train.steps=2"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert re.fullmatch(rf"error: {re.escape(str(blocker))}\S*: Not a directory \(ENOTDIR\)",
+                        r.stderr.strip().splitlines()[-1]), r.stderr

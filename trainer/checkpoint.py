@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from duality.common.errors import ConfigError, NonFinite
-from duality.common.io import atomic_open, write_atomic
+from duality.common.errors import ConfigError, NonFinite, StorageError, describe_storage, storage_cause
+from duality.common.io import atomic_open, pid_alive, write_atomic
 
 
 def rng_state():
@@ -167,15 +167,7 @@ class RunLock:
 
 
 def _alive(pid) -> bool:
-    if not isinstance(pid, int):
-        return True  # unknown: assume the owner lives
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not isinstance(pid, int) or pid_alive(pid)  # unknown: assume the owner lives
 
 
 def load_weights(model, state: dict, path) -> None:
@@ -293,13 +285,22 @@ class Checkpointer:
             raise self.diverged(step, "the weights or optimizer state are not finite")
         rngs = rt.gather_objects(rng_state())
         model_sd, optim_sd = rt.model_state(self.model), rt.optimizer_state(self.model, opt)
-        self.last_good = self.dir / f"step_{step:07d}.pt"
+        path = self.dir / f"step_{step:07d}.pt"
         if rt.master:
-            save_checkpoint(self.dir, step, {
-                "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if rt.fsdp else "ddp",
-                "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": rt.world,
-                "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
-                "nonfinite_skipped": self.nonfinite_skipped, **self.meta}, self.keep)
+            try:
+                save_checkpoint(self.dir, step, {
+                    "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if rt.fsdp else "ddp",
+                    "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": rt.world,
+                    "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
+                    "nonfinite_skipped": self.nonfinite_skipped, **self.meta}, self.keep)
+            except (OSError, RuntimeError) as e:
+                if (cause := storage_cause(e)) is None:
+                    raise
+                good = self.last_good
+                raise StorageError(f"step {step}: checkpoint not written: {describe_storage(cause)}. The last good "
+                                   f"checkpoint is {good or 'none'}" + (" (resume=auto continues from it)" if good
+                                                                        else "")) from e
+        self.last_good = path
 
     def restore(self, ckpt: dict, seed: int) -> int:
         """Optimizer, schedule and RNG streams of `ckpt` (None: fresh streams from seed); returns the start step."""
