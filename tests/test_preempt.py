@@ -73,8 +73,9 @@ def test_a_signal_checkpoints_the_step_exits_0_and_the_resumed_run_matches(tmp_p
 
 @pytest.mark.slow
 def test_under_torchrun_a_signal_to_one_rank_stops_both_at_one_step(tmp_path, reference):
-    """SIGTERM to rank 1's process alone: both ranks agree on the step, checkpoint it, exit 0."""
-    cache, _ = reference
+    """SIGTERM to rank 1's process alone: both ranks agree on the step, checkpoint it, exit 0; run again, they go on
+    with the uninterrupted 1-process run's losses (up to the order of float sums)."""
+    cache, ref = reference
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541", "train.py",
            *tiny_overrides(out, cache, *COMMON)]
@@ -94,6 +95,10 @@ def test_under_torchrun_a_signal_to_one_rank_stops_both_at_one_step(tmp_path, re
     stopped = max(losses(out))
     assert 10 <= stopped < 200 and (out / "checkpoints" / f"step_{stopped:07d}.pt").exists()
     assert not (out / "run.lock").exists()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = losses(out)
+    assert sorted(got) == list(range(1, 201)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
 
 
 def test_a_second_signal_while_stopping_is_noted_not_raised(capsys):

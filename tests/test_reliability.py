@@ -276,15 +276,35 @@ def test_a_full_disk_at_a_save_names_the_last_good_checkpoint(tmp_path, cache, m
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["out_dir", "data.cache_dir"])
-def test_a_place_that_cannot_be_made_is_one_error_line(tmp_path, where):
-    """An out_dir or data cache under an existing file: one `error:` line with the path and the errno, exit 2."""
+@pytest.mark.parametrize("where,under,why", [("out_dir", "/sub", r"Not a directory \(ENOTDIR\)"),
+                                             ("data.cache_dir", "/sub", r"Not a directory \(ENOTDIR\)"),
+                                             ("out_dir", "", r"File exists \(EEXIST\)")])
+def test_a_place_that_cannot_be_made_is_one_error_line(tmp_path, where, under, why):
+    """An out_dir or data cache under an existing file, or an out_dir that is one: one `error:` line with the path and
+    the errno, exit 2."""
     blocker = tmp_path / "a_file"
     blocker.write_text("in the way")
-    args = {"out_dir": tmp_path / "out", "data.cache_dir": tmp_path / "cache", where: blocker / "sub"}
+    args = {"out_dir": tmp_path / "out", "data.cache_dir": tmp_path / "cache", where: f"{blocker}{under}"}
     r = subprocess.run([sys.executable, "train.py", *[f"{k}={v}" for k, v in args.items()], "train.device=cpu",
                         "logger.mode=disabled", "train.progress=false", "train.steps=2"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert re.fullmatch(rf"error: {re.escape(str(blocker))}\S*: Not a directory \(ENOTDIR\)",
-                        r.stderr.strip().splitlines()[-1]), r.stderr
+    assert re.fullmatch(rf"error: {re.escape(str(blocker))}\S*: {why}", r.stderr.strip().splitlines()[-1]), r.stderr
+
+
+@pytest.mark.parametrize("code", ["EROFS", "EACCES", "ENOSPC"])
+def test_read_only_and_forbidden_places_are_one_error_line(code, capsys, monkeypatch):
+    """What a read-only or forbidden folder raises (root, which runs CI, is never refused by permissions, so the
+    error is raised here as the OS would), through the command-line entry point of train.py and eval.py."""
+    import errno
+
+    from duality.common.cli import cli
+
+    def run(cfg):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), "/data/cache/train.bin")
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    with pytest.raises(SystemExit) as e:
+        cli(run, "config")
+    assert e.value.code == 2
+    why = os.strerror(getattr(errno, code))
+    assert capsys.readouterr().err.strip() == f"error: /data/cache/train.bin: {why} ({code})"
