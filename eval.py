@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -257,10 +256,12 @@ def log_wandb(cfg, result: dict, plot: Path, out: Path) -> None:
     import wandb
     from omegaconf import OmegaConf
 
-    from duality.trainer.logger import wandb_logged_in
-    mode = "online" if (os.environ.get("WANDB_API_KEY") or wandb_logged_in()) else "offline"
-    run = wandb.init(project=cfg.wandb_project, job_type="eval", name=f"eval-{cfg.mode}", mode=mode,
-                     dir=str(out.parent), config=OmegaConf.to_container(cfg, resolve=True))
+    from duality.trainer.logger import wandb_init
+    run = wandb_init(cfg.get("wandb_mode", "auto"), project=cfg.wandb_project, job_type="eval",
+                     defaults={"name": f"eval-{cfg.mode}", "dir": str(out.parent)},
+                     config=OmegaConf.to_container(cfg, resolve=True))
+    if run is None:  # WANDB_MODE=disabled
+        return
     if cfg.mode == "lm_eval":
         cols = list(dict.fromkeys(c for r in result["table"].values() for c in r))
         run.log({"lm_eval": wandb.Table(columns=["model", *cols],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -48,18 +49,16 @@ class Logger:
         self.file = open(out_dir / "metrics.jsonl", "a") if enabled else None
         if not enabled or cfg.logger.mode == "disabled":
             return
-        import wandb
-        mode = cfg.logger.mode
-        if mode == "auto":
-            mode = "online" if (os.environ.get("WANDB_API_KEY") or wandb_logged_in()) else "offline"
         from omegaconf import OmegaConf
         sweep = sweep_config()  # a sweep's jobs share a wandb group named after its folder, unless logger.group says
-        group = cfg.logger.group or (Path(sweep.sweep.dir).name if sweep else None)
-        self.wandb = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, group=group,
-                                tags=list(cfg.logger.tags), name=cfg.run_name, dir=str(out_dir), mode=mode,
+        lg = cfg.logger
+        self.wandb = wandb_init(lg.mode, project=lg.project, entity=lg.entity, name=lg.get("run_name"),
+                                group=lg.group, dir=lg.get("dir"), tags=list(lg.tags),
+                                defaults={"name": cfg.run_name, "dir": str(out_dir),
+                                          "group": Path(sweep.sweep.dir).name if sweep else None},
                                 id=run_id, resume="allow", config=OmegaConf.to_container(cfg, resolve=True))
         # a resumed wandb run refuses steps below its last one (the crashed attempt logged them): do not send them
-        self.wandb_from = self.wandb.step if run_id else 0
+        self.wandb_from = self.wandb.step if run_id and self.wandb is not None else 0
 
     @staticmethod
     def _truncate(path: Path, step: int):
@@ -140,6 +139,46 @@ class StepMeter:
         mfu = f" mfu {row['mfu']:.3f}" if row["mfu"] else ""
         return (f"loss {row['loss']:.4f} | lr {row['lr']:.2e} | grad {row['grad_norm']:.2f} | "
                 f"{row['tokens_per_s']:,.0f} tok/s{mfu}")
+
+
+# wandb's own variables, each beside the wandb.init argument it sets: where a user's environment says one, it wins
+# over this repo's default; a value given in the config (logger.project=..., not null) wins over both
+WANDB_ENV = {"project": "WANDB_PROJECT", "entity": "WANDB_ENTITY", "name": "WANDB_NAME", "group": "WANDB_RUN_GROUP",
+             "dir": "WANDB_DIR"}
+WANDB_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled"}
+
+
+def wandb_mode(mode: str) -> str:
+    """logger.mode as given, or for auto: WANDB_MODE where set, else online with credentials, else offline."""
+    if mode != "auto":
+        return mode
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    if env in WANDB_MODES:
+        return WANDB_MODES[env]
+    return "online" if (os.environ.get("WANDB_API_KEY") or wandb_logged_in()) else "offline"
+
+
+def wandb_init(mode: str, defaults: dict, **kw):
+    """wandb.init with the environment honoured (WANDB_ENV, wandb_mode); None when the mode is disabled. A server
+    that cannot be reached is one warning line and an offline run (`wandb sync` sends it later), never a lost run."""
+    mode = wandb_mode(mode)
+    if mode == "disabled":
+        return None
+    import wandb
+    for key, var in WANDB_ENV.items():  # config value, else the environment's, else this repo's default
+        kw[key] = kw.get(key) or os.environ.get(var) or defaults.get(key)
+    kw["project"] = kw["project"] or "duality"
+    if kw.get("dir"):
+        Path(kw["dir"]).mkdir(parents=True, exist_ok=True)
+    try:
+        return wandb.init(mode=mode, **kw)
+    except Exception as e:  # wandb raises its CommError, timeouts and more from one call: all mean "not reached"
+        if mode != "online":
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        print(f"warning: wandb could not reach its server ({type(e).__name__}: {first}); logging offline instead, "
+              f"under {kw.get('dir')} (wandb sync sends it later)", file=sys.stderr, flush=True)
+        return wandb.init(mode="offline", **kw)
 
 
 def wandb_logged_in() -> bool:
