@@ -4,6 +4,7 @@ state gathered whatever the strategy (so a checkpoint loads under any strategy a
 from __future__ import annotations
 
 import os
+import re
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -59,7 +60,8 @@ class Runtime:
 
     @staticmethod
     def world_size() -> int:
-        """The number of processes torchrun started (1 without torchrun), before any process group exists."""
+        """The number of processes torchrun (or srun) started (1 without either), before any process group exists."""
+        from_slurm()
         return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
 
     @property
@@ -203,3 +205,22 @@ def _fsdp_no_sync(model):
 def _full_state_options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: `gpu[07-09,12],cpu1` -> `gpu07`, `node1,node2` -> `node1`."""
+    prefix, ranges = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?", nodelist).groups()
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
+
+
+def from_slurm(env=os.environ) -> None:
+    """`srun python train.py`: each task's rank, world and local rank from Slurm's variables into torchrun's, and the
+    first node of the step as the rendezvous (MASTER_PORT, else 29500), as Lightning's and torchtitan's launchers do.
+    Only for a step srun started (SLURM_STEP_NUM_TASKS), never under torchrun (RANK set) nor for a plain `python` in
+    a batch script, whose allocation may hold more tasks than this one process."""
+    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
+        return
+    env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_STEP_NUM_TASKS"],
+               LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
+    env.setdefault("MASTER_ADDR", first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST", "localhost")))
+    env.setdefault("MASTER_PORT", "29500")

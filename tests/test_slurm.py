@@ -1,0 +1,56 @@
+"""`srun python train.py`: Slurm's variables make the tasks one DDP run (trainer/runtime.py: from_slurm), tested as
+Slurm would start two tasks on one node, with gloo on the CPU."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, compose, metrics_rows, tiny_overrides
+
+from duality import train as train_lib
+from duality.trainer.runtime import first_host, from_slurm
+
+SLURM = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "RANK",
+         "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize("nodelist,host", [("gpu[07-09,12],cpu1", "gpu07"), ("node1,node2", "node1"),
+                                           ("a100-[3,5]", "a100-3"), ("localhost", "localhost")])
+def test_first_host_of_a_node_list(nodelist, host):
+    assert first_host(nodelist) == host
+
+
+def test_only_a_step_that_srun_started_is_adopted():
+    env = {"SLURM_PROCID": "0"}  # `python train.py` inside a batch script: no step of several tasks
+    from_slurm(env)
+    assert "RANK" not in env
+    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NODELIST": "gpu[07-08]"}
+    from_slurm(env)
+    assert [env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")] == [
+        "3", "4", "1", "gpu07", "29500"]
+    torchrun = {**env, "RANK": "0", "WORLD_SIZE": "8"}  # torchrun's own variables are never replaced
+    from_slurm(torchrun)
+    assert torchrun["RANK"] == "0" and torchrun["WORLD_SIZE"] == "8"
+
+
+@pytest.mark.slow
+def test_two_slurm_tasks_train_as_one_ddp_run(tmp_path, data_cache):
+    opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2")
+    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in SLURM}
+    procs = [subprocess.Popen([sys.executable, "train.py", *tiny_overrides(tmp_path / "srun", data_cache, *opts)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_STEP_NUM_TASKS": "2",
+                                   "SLURM_STEP_NODELIST": "localhost", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert "world 2 (DDP)" in outs[0][0]
+    ref = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "ref") if "loss" in r}
+    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "srun") if "loss" in r}
+    assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
