@@ -1,7 +1,8 @@
 """`data=text`: local text or JSON-lines files, read with `datasets.load_dataset` (offline: local files only).
 
-data.files: a path, glob or list of them. data.format: `text` (plain files; data.sample_by = document | paragraph |
-line decides what one document is) or `json` (JSON lines; data.text_field names the field holding the text).
+data.files: a path, glob or list of them. data.format: `auto` (json for .jsonl / .json files, else text), `text`
+(plain files; data.sample_by = document | paragraph | line decides what one document is) or `json` (JSON lines;
+data.text_field names the field holding the text).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def documents(files, format: str = "text", text_field: str = "text", sample_by: 
     from datasets import load_dataset
 
     paths = _expand(files)
+    if format == "auto":  # from the files' extensions: JSON lines for .jsonl / .json, plain text otherwise
+        kinds = {Path(p).suffix.lower() in (".jsonl", ".json") for p in paths}
+        if len(kinds) > 1:
+            raise ShardError(f"data.files mixes JSON-lines (.jsonl, .json) and text files ({paths[:4]}...); set "
+                             "data.format=json or data.format=text, or name one kind")
+        format = "json" if kinds == {True} else "text"
     if format == "text":
         if sample_by not in ("document", "paragraph", "line"):
             raise ShardError(f"data.sample_by={sample_by!r}; valid: document, paragraph, line")
@@ -76,7 +83,7 @@ def documents(files, format: str = "text", text_field: str = "text", sample_by: 
     elif format == "json":
         load, check = (lambda: load_dataset("json", data_files=paths, split="train")), _json_error
     else:
-        raise ShardError(f"data.format={format!r}; valid: text, json")
+        raise ShardError(f"data.format={format!r}; valid: auto, text, json")
     try:
         ds = load()
     except Exception as e:  # datasets wraps the cause (JSON, UTF-8) in its own errors: find the line

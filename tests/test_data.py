@@ -126,6 +126,27 @@ def test_text_and_jsonl_sources(tmp_path):
         data_lib.prepare({"name": "text", "files": str(tmp_path / "none*.txt"), "cache_dir": str(tmp_path)})
 
 
+def test_jsonl_is_known_by_its_extension_and_one_file_gets_an_error_that_says_what_to_do(tmp_path):
+    """data=text without data.format: a .jsonl file is read as JSON lines (its "text" field), a mix of kinds is refused;
+    one plain file is one document, too few to split, and the error names data.sample_by and data.val_every."""
+    js = tmp_path / "d.jsonl"
+    js.write_text("".join(json.dumps({"text": f"row {i} " * 5}) + "\n" for i in range(40)))
+    info = data_lib.prepare({"name": "text", "files": str(js), "format": "auto", "tokenizer": "byte",
+                             "cache_dir": str(tmp_path / "c")}, progress=False)
+    assert info.tokenizer.decode(read_shard(info.val_shards[0])[:6]) == "row 19"  # the field, not the JSON
+    (tmp_path / "one.txt").write_text("First paragraph, quite long.\n\n" * 60)
+    with pytest.raises(ValueError, match=r"data.files mixes JSON-lines \(.jsonl, .json\) and text files"):
+        data_lib.prepare({"name": "text", "files": [str(js), str(tmp_path / "one.txt")], "format": "auto",
+                          "cache_dir": str(tmp_path / "m")}, progress=False)
+    with pytest.raises(ValueError, match=r"data=text: 1 documents are too few .* data.sample_by=paragraph .* "
+                                         r"data.val_every \(at most 2\)"):
+        data_lib.prepare({"name": "text", "files": str(tmp_path / "one.txt"), "format": "auto", "tokenizer": "byte",
+                          "cache_dir": str(tmp_path / "o")}, progress=False)
+    info = data_lib.prepare({"name": "text", "files": str(tmp_path / "one.txt"), "sample_by": "paragraph",
+                             "tokenizer": "byte", "cache_dir": str(tmp_path / "p")}, progress=False)
+    assert info.n_val_tokens > 0 and info.n_train_tokens > 0
+
+
 def test_hub_tokenizer_offline_fails_clearly(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="could not load tokenizer 'gpt2'.*Offline"):

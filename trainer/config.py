@@ -49,9 +49,26 @@ def check_optim(o) -> None:
             raise ConfigError(f"optim.{key}={value!r}: {what}")
 
 
+def check_known_keys(cfg) -> None:
+    """`+train.stepz=1` adds a key nothing reads: refused, with the nearest known key. The train and optim groups'
+    keys are those of conf/train/tiny.yaml (every size extends it) and conf/optim/adamw.yaml."""
+    import difflib
+
+    from omegaconf import OmegaConf
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    for group, path in (("train", conf / "train" / "tiny.yaml"), ("optim", conf / "optim" / "adamw.yaml")):
+        known = set(OmegaConf.load(path))
+        for key in sorted(set(cfg[group]) - known):
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            raise ConfigError(f"{group}.{key} is not a {group} setting" + (f"; did you mean {group}.{near[0]}?"
+                                                                            if near else "")
+                              + f" (the settings: conf/{group}/{path.name})")
+
+
 def check_config(cfg, world: int = 1) -> dict:
     """Everything that can be checked before any work; returns derived numbers (steps, grad_accum)."""
     t, o = cfg.train, cfg.optim
+    check_known_keys(cfg)
     for key, value, low in (("model.n_layer", cfg.model.n_layer, 1), ("model.seq_len", cfg.model.seq_len, 1),
                             ("train.micro_batch", t.micro_batch, 1), ("train.log_interval", t.log_interval, 1),
                             ("train.eval_interval", t.eval_interval, 1), ("train.ckpt_interval", t.ckpt_interval, 1),
