@@ -213,6 +213,7 @@ CLI_ERRORS = [
     (["optim.betas=[1.5,0.95]"], "error: optim.betas=[1.5, 0.95]: two numbers in [0, 1)"),
     (["optim.eps=0"], "error: optim.eps=0: a number > 0"),
     (["data.vocab_size=0"], "error: data.vocab_size=0: an integer >= 1"),
+    (["data.val_every=1"], "error: data.val_every=1: an integer >= 2"),
     (["+train.stepz=1"], "error: train.stepz is not a train setting; did you mean train.steps?"),
     (["data=text", "data.files={d}/bad.jsonl", "data.format=json"],
      "error: data.files: {d}/bad.jsonl:2: not valid JSON"),

@@ -65,6 +65,25 @@ def check_known_keys(cfg) -> None:
                               + f" (the settings: conf/{group}/{path.name})")
 
 
+# data.* counts and their least valid value (null, where a config allows it, means "all" or "the default");
+# val_every 1 would hold out every document and train on none
+DATA_COUNTS = {"vocab_size": 1, "seq_len": 1, "eval_len": 1, "train_examples": 1, "test_examples": 1, "val_every": 2,
+               "shard_tokens": 1, "max_docs": 1, "bpe_docs": 1, "workers": 1, "num_kv_pairs": 1, "doc_len": 1,
+               "min_len": 1, "max_len": 1, "noise_vocab_size": 0, "num_tokens_to_copy": 0}
+
+
+def check_data_counts(data) -> None:
+    for key, low in DATA_COUNTS.items():
+        v = data.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
+            raise ConfigError(f"data.{key}={v!r}: an integer >= {low} (data={data.get('name')})")
+    if (data.get("min_len") or 1) > (data.get("max_len") or math.inf):
+        raise ConfigError(f"data.min_len={data.min_len} > data.max_len={data.max_len}")
+    frac = data.get("frac_noise")
+    if frac is not None and not (_number(frac) and 0 <= frac < 1):
+        raise ConfigError(f"data.frac_noise={frac!r}: a number in [0, 1)")
+
+
 def check_config(cfg, world: int = 1) -> dict:
     """Everything that can be checked before any work; returns derived numbers (steps, grad_accum)."""
     t, o = cfg.train, cfg.optim
@@ -88,9 +107,7 @@ def check_config(cfg, world: int = 1) -> dict:
             raise ConfigError(f"train.{key}={v!r}: {what}, or null")
     check_signals(t.get("stop_signals"))
     check_optim(o)
-    vocab = cfg.data.get("vocab_size")
-    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
-        raise ConfigError(f"data.vocab_size={vocab!r}: an integer >= 1 (the vocabulary of data={cfg.data.name})")
+    check_data_counts(cfg.data)
     if o.lr == 0:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
