@@ -268,11 +268,30 @@ def export(ckpt, out, dtype: str = "float32") -> Path:
                           "replaces only its own folders; choose another out")
     model, tokenizer = DualityForCausalLM.from_checkpoint(ckpt)
     model.to(getattr(torch, dtype))
+    # auto_map: `from_pretrained(folder, trust_remote_code=True)` (lm_eval --model hf, any script) finds the classes
+    # through the folder's REMOTE_CODE module, which imports them from the installed package
+    model.config.auto_map = {"AutoConfig": f"{REMOTE_MODULE}.DualityConfig",
+                             "AutoModelForCausalLM": f"{REMOTE_MODULE}.DualityForCausalLM"}
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE)
         (tmp / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt), "dtype": dtype}) + "\n")
     return out
+
+
+REMOTE_MODULE = "duality_remote"
+# The folder's code for trust_remote_code: the classes stay in the package (one copy of the model code); without it,
+# an ImportError that says what to install. transformers checks a remote module's imports before running it, except
+# those in a try block, so the message below is what a user sees.
+REMOTE_CODE = '''"""The code of a model exported by duality (sequence mixers x positional schemes): the classes
+come from the installed `duality` package, which `from_pretrained(..., trust_remote_code=True)` imports here."""
+try:
+    from duality.hf import DualityConfig, DualityForCausalLM  # noqa: F401
+except ImportError as e:
+    raise ImportError("this model is a duality export and needs the duality package: `pip install -e .` in a "
+                      "checkout of the duality repository (README, Install), then load it again") from e
+'''
 
 
 EXPORT_MARKER = "duality_export.json"  # what tells export that a folder is its own, and so may be replaced
@@ -291,7 +310,7 @@ def is_export(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     return typed and names <= {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                               "tokenizer_config.json", "special_tokens_map.json"}
+                               "tokenizer_config.json", "special_tokens_map.json", "duality_remote.py"}
 
 
 AutoConfig.register(DualityConfig.model_type, DualityConfig, exist_ok=True)

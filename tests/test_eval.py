@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,3 +312,41 @@ def test_export_replaces_only_its_own_folders_and_clears_killed_exports(ckpt, tm
     export(str(ckpt), out, "bfloat16")  # its own folder: replaced
     assert (out / "model.safetensors").stat().st_size > 5
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.slow
+def test_an_export_loads_anywhere_with_trust_remote_code_and_the_lm_eval_console_script(ckpt, tmp_path):
+    """In a fresh process that never imports duality.hf, from another directory: AutoModelForCausalLM with
+    trust_remote_code gives the checkpoint's logits; `lm_eval --model hf` scores the folder as eval.py scores the
+    checkpoint; without the package, the error says what to install."""
+    from duality.hf import export
+    out = export(str(ckpt), tmp_path / "hf")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    probe = ("import json, sys, torch; from transformers import AutoModelForCausalLM; "
+             "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True); "
+             "print(json.dumps(m(torch.tensor([[5, 17, 3, 99]])).logits[0].tolist()))")
+    r = subprocess.run([sys.executable, "-c", probe, str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    gpt = eval_lib.load_model(str(ckpt))[0]
+    with torch.no_grad():
+        want = gpt(torch.tensor([[5, 17, 3, 99]]))[0][0]
+    torch.testing.assert_close(torch.tensor(json.loads(r.stdout.strip().splitlines()[-1])), want, rtol=0, atol=1e-6)
+    fake = tmp_path / "no_package" / "duality"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('not installed')\n")
+    r = subprocess.run([sys.executable, "-c", probe, str(out)], cwd=tmp_path, capture_output=True, text=True,
+                       env={**env, "PYTHONPATH": str(fake.parent), "HF_HOME": str(tmp_path / "hf_home2")}, timeout=300)
+    assert r.returncode != 0 and "needs the duality package: `pip install -e .` in a checkout" in r.stderr
+    lm_eval = Path(sys.executable).parent / "lm_eval"
+    r = subprocess.run([str(lm_eval), "--model", "hf", "--model_args",
+                        f"pretrained={out},trust_remote_code=True,max_length=256", "--tasks", "pydoc_mc",
+                        "--include_path", LOCAL, "--limit", "16", "--device", "cpu", "--batch_size", "4",
+                        "--output_path", str(tmp_path / "cli")], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cli = json.loads(next((tmp_path / "cli").rglob("results_*.json")).read_text())["results"]["pydoc_mc"]
+    own = eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", f"lm_eval.include_path={LOCAL}", "device=cpu",
+                                "lm_eval.tasks=[pydoc_mc]", "lm_eval.limit=16", "lm_eval.max_length=256"], "eval"))
+    own = own["results"][str(ckpt)]["pydoc_mc"]
+    assert cli["acc,none"] == own["acc,none"] and cli["acc_norm,none"] == own["acc_norm,none"]
