@@ -3,10 +3,11 @@ code 2, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from .errors import USER_ERRORS, describe_storage, storage_cause
+from .errors import USER_ERRORS, ConfigError, describe_storage, storage_cause
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -20,7 +21,9 @@ def cli(run_fn, config_name: str):
         try:
             return run_fn(cfg)
         except USER_ERRORS as e:
-            print(f"error: {e}", file=sys.stderr)
+            # a config error is every rank's under torchrun: rank 0 says it; other errors may be one rank's own
+            if os.environ.get("RANK", "0") == "0" or not isinstance(e, ConfigError):
+                print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         except (OSError, RuntimeError) as e:  # a place that cannot be written: one line, the path and the cause
             if (cause := storage_cause(e)) is None:

@@ -54,3 +54,20 @@ def test_two_slurm_tasks_train_as_one_ddp_run(tmp_path, data_cache):
     ref = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "ref") if "loss" in r}
     got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "srun") if "loss" in r}
     assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+
+
+@pytest.mark.slow
+def test_torchrun_adapts_the_default_batch_and_says_a_config_error_once(tmp_path, data_cache):
+    """torchrun on 2 processes with the size's default global batch, which 2 x micro_batch x seq_len does not
+    divide: rounded up to the next multiple, said once. A batch given on the command line is never changed: then
+    one error line (rank 0's), exit code 2."""
+    args = [a for a in tiny_overrides(tmp_path / "run", data_cache, "train.steps=2", "train.micro_batch=3")
+            if not a.startswith("train.global_batch_tokens")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29547", "train.py"]
+    r = subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("note: train.global_batch_tokens 2048 -> 2112, a multiple of micro_batch x seq_len x "
+                          "world_size = 3 x 32 x 2") == 1
+    r = subprocess.run([*cmd, *args, "train.global_batch_tokens=2048", f"out_dir={tmp_path / 'fixed'}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and r.stderr.count("error: train.global_batch_tokens=2048 is not a multiple") == 1

@@ -4,6 +4,7 @@ gradient accumulation, tokens per step)."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,18 @@ def check_optim(o) -> None:
             good = False
         if not good:
             raise ConfigError(f"optim.{key}={value!r}: {what}")
+
+
+def given(key: str) -> bool:
+    """Whether the command line set `key` (Hydra's overrides); outside a Hydra app (a config composed in code) every
+    value counts as given."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:
+        return True
+    if not HydraConfig.initialized():
+        return True
+    return any(o.lstrip("+~").split("=")[0] == key for o in HydraConfig.get().overrides.task)
 
 
 def check_known_keys(cfg) -> None:
@@ -121,6 +134,14 @@ def check_config(cfg, world: int = 1) -> dict:
         accum, batch_tokens = t.batch_size // per_micro, t.batch_size * seq
     else:
         per_micro = t.micro_batch * seq * world
+        if t.global_batch_tokens % per_micro and world > 1 and not given("train.global_batch_tokens"):
+            # the size's default batch on more GPUs than it divides over: the next multiple, said once
+            adapted = -(-t.global_batch_tokens // per_micro) * per_micro
+            if os.environ.get("RANK", "0") == "0":
+                print(f"note: train.global_batch_tokens {t.global_batch_tokens} -> {adapted}, a multiple of "
+                      f"micro_batch x seq_len x world_size = {t.micro_batch} x {seq} x {world} (set it to choose "
+                      "another)", file=sys.stderr)
+            t.global_batch_tokens = adapted
         if t.global_batch_tokens % per_micro:
             raise ConfigError(
                 f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of micro_batch x seq_len x "
