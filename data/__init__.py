@@ -65,8 +65,17 @@ class DataInfo:
         if self.arrays:
             return longcrawl64.DocWindows(self.arrays[split], seq_len, self.tokenizer.eot_id, seed, shuffle,
                                           name=f"{self.dir} ({split})")
-        return TokenWindows(self.train_shards if split == "train" else self.val_shards, seq_len,
-                            self.tokenizer.vocab_size, seed=seed, shuffle=shuffle)
+        try:
+            return TokenWindows(self.train_shards if split == "train" else self.val_shards, seq_len,
+                                self.tokenizer.vocab_size, seed=seed, shuffle=shuffle)
+        except ShardError as e:
+            if split != "val" or "do not fill one window" not in str(e):
+                raise
+            # the held-out documents alone are too short: the knob is how many are held out, not only the context
+            raise ShardError(f"the validation split ({self.n_val_tokens:,} tokens, every data.val_every-th document "
+                             f"of {self.dir}) does not fill one window of {seq_len + 1} tokens: hold out more "
+                             "documents (a smaller data.val_every, then prepare again), add data, or lower "
+                             "model.seq_len") from None
 
 
 def _key(cfg: dict) -> str:

@@ -147,6 +147,20 @@ def test_jsonl_is_known_by_its_extension_and_one_file_gets_an_error_that_says_wh
     assert info.n_val_tokens > 0 and info.n_train_tokens > 0
 
 
+def test_a_validation_split_too_short_for_a_window_names_data_val_every(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(40):
+        (docs / f"{i:02d}.txt").write_text(f"Document {i}. " + "words " * 30)
+    info = data_lib.prepare({"name": "text", "files": str(docs / "*.txt"), "tokenizer": "byte", "val_every": 20,
+                             "cache_dir": str(tmp_path / "c")}, progress=False)
+    assert len(info.windows("train", 1000)) >= 1  # the training split fills windows of 1001 tokens
+    with pytest.raises(ValueError, match=rf"the validation split \({info.n_val_tokens:,} tokens, every "
+                                         r"data.val_every-th document .* does not fill one window of 1001 tokens: "
+                                         r"hold out more documents \(a smaller data.val_every"):
+        info.windows("val", 1000)
+
+
 def test_hub_tokenizer_offline_fails_clearly(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="could not load tokenizer 'gpt2'.*Offline"):
