@@ -310,7 +310,7 @@ def is_export(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     return typed and names <= {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                               "tokenizer_config.json", "special_tokens_map.json", "duality_remote.py"}
+                               "tokenizer_config.json", "special_tokens_map.json", f"{REMOTE_MODULE}.py"}
 
 
 AutoConfig.register(DualityConfig.model_type, DualityConfig, exist_ok=True)

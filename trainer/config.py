@@ -18,7 +18,6 @@ from duality.model.gpt import AC_MODES, COMPILE_MODES
 from .guard import MODES as NONFINITE
 from .logger import LOGGER_MODES
 from .optim import SCHEDULES
-from .preempt import check_signals
 
 STRATEGIES = ("ddp", "fsdp")
 DTYPES = ("auto", "bf16", "fp32", "bf16_weights")
@@ -85,11 +84,8 @@ DATA_COUNTS = {"vocab_size": 1, "seq_len": 1, "eval_len": 1, "train_examples": 1
                "min_len": 1, "max_len": 1, "noise_vocab_size": 0, "num_tokens_to_copy": 0}
 
 
-def check_data_counts(data) -> None:
-    for key, low in DATA_COUNTS.items():
-        v = data.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
-            raise ConfigError(f"data.{key}={v!r}: an integer >= {low} (data={data.get('name')})")
+def check_data_ranges(data) -> None:
+    """What the integer checks of check_config cannot say: the data's lengths in order, a fraction in range."""
     if (data.get("min_len") or 1) > (data.get("max_len") or math.inf):
         raise ConfigError(f"data.min_len={data.min_len} > data.max_len={data.max_len}")
     frac = data.get("frac_noise")
@@ -107,20 +103,21 @@ def check_config(cfg, world: int = 1) -> dict:
                             ("train.keep_checkpoints", t.keep_checkpoints, 0), ("train.eval_tokens", t.eval_tokens, 1),
                             ("train.sample_tokens", t.sample_tokens, 0),
                             *((f"train.{k}", t[k], 1) for k in ("steps", "batch_size", "global_batch_tokens")
-                              if t.get(k) is not None)):
+                              if t.get(k) is not None),
+                            *((f"data.{k}", cfg.data[k], low) for k, low in DATA_COUNTS.items()
+                              if cfg.data.get(k) is not None)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"{key}={value!r}: an integer >= {low}" + (" (or null)" if key == "train.steps" else ""))
     budgets = ((f"train.{k}", t[k]) for k in ("tokens", "epochs") if t.get(k) is not None)
     for key, value in (("optim.lr", o.lr), *budgets):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        if not _number(value) or value < 0:
             raise ConfigError(f"{key}={value!r}: a number >= 0")
     for key, hi, what in (("time_limit", math.inf, "seconds > 0"), ("stop_acc", 1, "an accuracy in (0, 1]")):
         v = t.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi):
             raise ConfigError(f"train.{key}={v!r}: {what}, or null")
-    check_signals(t.get("stop_signals"))
     check_optim(o)
-    check_data_counts(cfg.data)
+    check_data_ranges(cfg.data)
     if o.lr == 0:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))

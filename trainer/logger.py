@@ -165,9 +165,9 @@ def wandb_init(mode: str, defaults: dict, **kw):
     if mode == "disabled":
         return None
     import wandb
+    defaults = {"project": "duality", **defaults}
     for key, var in WANDB_ENV.items():  # config value, else the environment's, else this repo's default
         kw[key] = kw.get(key) or os.environ.get(var) or defaults.get(key)
-    kw["project"] = kw["project"] or "duality"
     if kw.get("dir"):
         Path(kw["dir"]).mkdir(parents=True, exist_ok=True)
     try:
