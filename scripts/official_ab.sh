@@ -21,6 +21,10 @@ DATA=${DATA:-/tmp/official_ab/data}
 RUNS=${RUNS:-outputs/official_ab}
 LIMIT=${LIMIT:-540}
 SEEDS=${SEEDS:-0 1 2}
+# Threads per process: four runs of the seed's code on a 64-core host without this ran at 1.3 steps/s each, against
+# about 29 in an earlier call that set OMP_NUM_THREADS=8 (2026-11-26, 4 x H200; that call also autotuned in each run
+# instead of reading one shared autotuning cache, the other difference).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 mkdir -p "$OUT" "$RUNS"
 case $WHAT in
   seed)
