@@ -1,10 +1,11 @@
 # make train [group=option ... key=value ...]   train (Hydra overrides pass through, e.g. make train pe=alibi)
 # make test                                     the test suite (what CI runs)
-# make gpu-test [GPU_TEST_ARGS="..."]            the GPU group on a CUDA machine (README, Tests): `PY=python3` runs it
+# make test-fast                                the suite without the tests marked slow: the inner loop (< 3 min)
+# make gpu-test [GPU_TEST_ARGS="..."]            the GPU group on a CUDA machine (docs/tests.md): `PY=python3` runs it
 #                                               in your own environment instead of .venv
-# make bench [BENCH_ARGS="..."]                 the throughput suite on a GPU (README, Throughput)
+# make bench [BENCH_ARGS="..."]                 the throughput suite on a GPU (docs/throughput)
 # Both create .venv on first use. On a machine without nvidia-smi the CPU build of torch is installed first, so pip
-# never pulls the multi-GB CUDA build; set TORCH_SPEC / TORCH_INDEX to choose another (see README, Install).
+# never pulls the multi-GB CUDA build; set TORCH_SPEC / TORCH_INDEX to choose another (see docs/install.md).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -17,7 +18,7 @@ GPU_TEST_ARGS ?= -n 8 --dist worksteal --timeout 300
 # command-line overrides such as pe=alibi or optim.lr=1e-3 go to train.py
 OVERRIDES := $(filter-out PYTHON=% VENV=% TORCH_SPEC=% TORCH_INDEX=% PYTEST_ARGS=% BENCH_ARGS=% PY=% GPU_TEST_ARGS=%,$(MAKEOVERRIDES))
 
-.PHONY: train test gpu-test bench env clean
+.PHONY: train test test-fast gpu-test bench env clean
 env: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -37,8 +38,13 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# the inner loop: every package's tests but those marked slow (subprocess runs, tests of 2 s or more); make test
+# stays what CI runs
+test-fast: $(STAMP)
+	$(PY) -m pytest -m 'not gpu and not slow' -q $(PYTEST_ARGS)
+
 # the GPU group, 8 processes sharing the GPU (compilation, not the GPU, is what takes the time); worksteal rebalances
-# the tail, and a test past 300 s fails with its traceback instead of holding the group (README, Tests)
+# the tail, and a test past 300 s fails with its traceback instead of holding the group (docs/tests.md)
 gpu-test: $(ENV)
 	$(PY) -m pytest -m gpu tests/test_gpu.py --durations=15 $(GPU_TEST_ARGS)
 

@@ -290,7 +290,7 @@ try:
     from duality.hf import DualityConfig, DualityForCausalLM  # noqa: F401
 except ImportError as e:
     raise ImportError("this model is a duality export and needs the duality package: `pip install -e .` in a "
-                      "checkout of the duality repository (README, Install), then load it again") from e
+                      "checkout of the duality repository (docs/install.md), then load it again") from e
 '''
 
 

@@ -8,7 +8,7 @@ hub or read from local copies of the same files.
 
 A document is a row's data.text_field, in the dataset's order; data.max_docs stops early (a quick run, or a fixed
 token budget). data/__init__.py tokenizes the stream in data.workers processes into resumable shards; prepare it
-ahead of training with `python data/prepare.py data=fineweb ...` (README, Data).
+ahead of training with `python data/prepare.py data=fineweb ...` (docs/data.md).
 """
 
 from __future__ import annotations

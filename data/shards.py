@@ -50,7 +50,7 @@ def write_shard(path: str | Path, tokens: np.ndarray, vocab_size: int) -> None:
 def read_header(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
-        raise ShardError(f"shard {path} does not exist (prepare the data first; see README 'Data')")
+        raise ShardError(f"shard {path} does not exist (prepare the data first; see docs/data.md)")
     size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(HEADER_BYTES)

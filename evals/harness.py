@@ -65,7 +65,7 @@ def load_tasks(names: list[str], include_path: str | None = None):
             raise ConfigError(
                 f"lm_eval task {n!r} cannot load its data ({type(e).__name__}: {str(e).splitlines()[0][:300]}). "
                 f"{_dataset_hint(entry)}Offline, a hub dataset must already be in the datasets cache "
-                f"(HF_DATASETS_CACHE); or point a task YAML at local JSONL files (README, Evaluation)") from None
+                f"(HF_DATASETS_CACHE); or point a task YAML at local JSONL files (docs/evaluation.md)") from None
     return tm
 
 

@@ -8,9 +8,9 @@
     python scripts/bench_train.py --resume          # go on from the rows of a run cut short (its .partial.json)
     python scripts/bench_train.py --merge docs/throughput/bench_train_370m.json docs/throughput/bench_train.json \
         --run I --note "what changed"             # add a run to a history of runs, and redraw its table and plot
-    python scripts/bench_train.py --summary docs/throughput/bench_train_{124m,370m}.json   # the README's table
+    python scripts/bench_train.py --summary docs/throughput/bench_train_{124m,370m}.json   # docs/throughput's table
     python scripts/bench_train.py --vs-fla docs/memory/fla_peers_370m_4096_h100.json \
-        docs/memory/fused_370m_4096_h100.json     # this repo vs FLA's own models (later files win), the README's
+        docs/memory/fused_370m_4096_h100.json     # this repo vs FLA's own models (later files win), docs/memory's
 
 A step is what train.py's loop runs (`train.train_step`): forward, backward, gradient clipping, fused AdamW, on one
 micro-batch of random tokens already on the GPU, bf16 autocast. Reported: ms per step (median of --steps after
@@ -411,22 +411,35 @@ def summary(histories) -> str:
     return "\n".join(lines)
 
 
-def vs_fla(paths) -> str:
-    """This repo's models against FLA's own of the same kind (FLA_CASES), from bench_train JSON files: FLA's latest
-    row (later files and rows replace earlier ones) and this repo's compiled and eager rows from the same device call
-    as it where there are some (ratios of one machine), else their latest; FLA's eager (its best mode:
-    compiled, its models were slower or failed, docs/memory); speed = FLA's ms / ours compiled, memory = ours
-    compiled peak / FLA's. The issue's goals: memory <= 1.00x at speed >= 1.30x."""
+def vs_fla_pairs(paths) -> list[tuple[str, str, str, int, tuple | None, tuple | None, tuple]]:
+    """(ours, FLA's case, size, seq, ours compiled, ours eager, FLA's) for each of FLA_CASES measured, each entry a
+    (where, row) pair: FLA's latest row (later files and rows replace earlier ones) and this repo's rows from the same
+    device call as it where there are some (ratios of one machine), else their latest."""
     rows = defaultdict(list)  # every valid row of a case, in file and row order
     for path in paths:
         for src, r in load_rows(path):
             rows[key(r)].append((src, r))
     latest = {k: v[-1] for k, v in rows.items()}
 
-    def beside(k, fla):  # ours: the latest row measured in the same device call as FLA's peer, else the latest
+    def beside(k, fla):
         same = [e for e in rows.get(k, []) if e[0] == fla[0]]
         return same[-1] if same else latest.get(k)
+    out = []
+    for size, seq in sorted({(k[1], k[2]) for k in latest}):
+        for peer, (_, _, ours) in FLA_CASES.items():
+            fla = latest.get((peer, size, seq, False))
+            if fla is None:
+                continue
+            comp, eager = beside((ours, size, seq, True), fla), beside((ours, size, seq, False), fla)
+            if comp is not None or eager is not None:
+                out.append((ours, peer, size, seq, comp, eager, fla))
+    return out
 
+
+def vs_fla(paths) -> str:
+    """This repo's models against FLA's own of the same kind (vs_fla_pairs): FLA's eager (its best mode:
+    compiled, its models were slower or failed, docs/memory); speed = FLA's ms / ours compiled, memory = ours
+    compiled peak / FLA's. The issue's goals: memory <= 1.00x at speed >= 1.30x."""
     def cell(entry):
         if entry is None:
             return "not measured"
@@ -436,24 +449,16 @@ def vs_fla(paths) -> str:
         return f"{r['ms']:.1f} / {r['peak_mem_gib']:.1f}"
     lines = ["| kind | this repo, compiled: ms / peak GiB | this repo, eager | FLA's model, eager | speed / memory vs "
              "FLA | goals met (speed / memory) | measured in |", "|---|---:|---:|---:|---:|---|---|"]
-    settings = sorted({(k[1], k[2]) for k in latest})
-    for size, seq in settings:
-        for peer, (_, _, ours) in FLA_CASES.items():
-            fla = latest.get((peer, size, seq, False))
-            if fla is None:
-                continue
-            comp, eager = beside((ours, size, seq, True), fla), beside((ours, size, seq, False), fla)
-            if comp is None and eager is None:
-                continue
-            ratios, goals = "", ""
-            if comp and "error" not in comp[1] and "error" not in fla[1]:
-                speed, mem = fla[1]["ms"] / comp[1]["ms"], comp[1]["peak_mem_gib"] / fla[1]["peak_mem_gib"]
-                ratios = f"{speed:.2f}x / {mem:.2f}x"
-                goals = f"{'yes' if speed >= 1.3 else 'no'} / {'yes' if mem <= 1.0 else 'no'}"
-            sources = dict.fromkeys(e[0] for e in (comp, eager, fla) if e)
-            where = "one call: " + next(iter(sources)) if len(sources) == 1 else "; ".join(sources)
-            lines.append(f"| {ours} vs `{peer}` ({size}/{seq}) | {cell(comp)} | {cell(eager)} | {cell(fla)} | "
-                         f"{ratios} | {goals} | {where} |")
+    for ours, peer, size, seq, comp, eager, fla in vs_fla_pairs(paths):
+        ratios, goals = "", ""
+        if comp and "error" not in comp[1] and "error" not in fla[1]:
+            speed, mem = fla[1]["ms"] / comp[1]["ms"], comp[1]["peak_mem_gib"] / fla[1]["peak_mem_gib"]
+            ratios = f"{speed:.2f}x / {mem:.2f}x"
+            goals = f"{'yes' if speed >= 1.3 else 'no'} / {'yes' if mem <= 1.0 else 'no'}"
+        sources = dict.fromkeys(e[0] for e in (comp, eager, fla) if e)
+        where = "one call: " + next(iter(sources)) if len(sources) == 1 else "; ".join(sources)
+        lines.append(f"| {ours} vs `{peer}` ({size}/{seq}) | {cell(comp)} | {cell(eager)} | {cell(fla)} | "
+                     f"{ratios} | {goals} | {where} |")
     return "\n".join(lines)
 
 
@@ -479,9 +484,9 @@ def main():
     ap.add_argument("--run", help="--merge: the new run's name (A, B, ...)")
     ap.add_argument("--note", default="", help="--merge: what the run measured (code, Triton version, ...)")
     ap.add_argument("--summary", nargs="+", metavar="HISTORY", help="print one table of the latest rows of these "
-                    "histories (the README's)")
+                    "histories (docs/throughput's)")
     ap.add_argument("--vs-fla", nargs="+", metavar="JSON", type=Path, help="print the table of this repo's models "
-                    "against FLA's own from these bench_train JSON files (the README's)")
+                    "against FLA's own from these bench_train JSON files (docs/memory's)")
     args = ap.parse_args()
     if args.vs_fla:
         return print(vs_fla(args.vs_fla))

@@ -11,7 +11,7 @@ moments v that the decay v * beta2 leaves unchanged in the state's dtype.
 Why: with the weights and AdamW state in bf16 (`train.dtype=bf16_weights`, as seed 004's code casts its model), the
 decay by beta2 = 0.999 changes v by 0.1%, under half the gap between neighbouring bf16 numbers (0.2-0.4% of v), so
 v never shrinks below the size of the largest gradients it has seen. Once the model fits and the gradients shrink,
-m / sqrt(v) goes to ~0 and every step rounds away (README, "S2's extrapolation gap").
+m / sqrt(v) goes to ~0 and every step rounds away (docs/synthetic, "S2's extrapolation gap").
 """
 
 from __future__ import annotations

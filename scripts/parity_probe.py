@@ -8,10 +8,10 @@ read at t is +-1 by the parity of the prefix. The script prints, for every (head
 and the pairs closest to that rule, with the length at which the pair's angle error would reach pi/2. Then it
 scores the model again with the forget gate of the closest pair's two channels scaled by c = 1, 0.5, 0.25, 0 (c = 0:
 that pair never forgets the <bos> key): if the rotation is right and the gate is what forgets the reference,
-accuracy beyond the training length rises as c falls (README, "S2's extrapolation gap"). Before that it prints the
-first position the model gets wrong on runs of one token (the parity rule gets them right at any length), its score
-without Selective RoPE's bias (an angle that does not depend on the input, RoPE's kind), and the periods with which
-its errors beyond the training length recur (README, "The seed's full schedule").
+accuracy beyond the training length rises as c falls (docs/synthetic, "S2's extrapolation gap"). Before that it
+prints the first position the model gets wrong on runs of one token (the parity rule gets them right at any length),
+its score without Selective RoPE's bias (an angle that does not depend on the input, RoPE's kind), and the periods
+with which its errors beyond the training length recur (docs/synthetic, "The seed's full schedule").
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def parity_pairs(angles: torch.Tensor) -> list[dict]:
 def error_periods(curve: dict, after: int, top: int = 3) -> list[tuple[float, float]]:
     """The strongest periods, in tokens, of the error (1 - accuracy at each length) beyond length `after`, each with
     its share of the error's variance. Errors that recur at fixed positions, whatever the input, are what a rotation
-    that does not depend on the input (RoPE's kind) gives past the training length (README, "The seed's full
+    that does not depend on the input (RoPE's kind) gives past the training length (docs/synthetic, "The seed's full
     schedule")."""
     err = 1 - np.array([curve[n] for n in sorted(curve) if n > after], dtype=np.float64)
     power = np.abs(np.fft.rfft(err - err.mean()))[1:] ** 2  # bin 0 is the mean

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs behind the README's synthetic-task results (issue #24): each job a process of its own, all of a set at
+# The GPU runs behind the synthetic-task results in docs/synthetic: each job a process of its own, all of a set at
 # once on one GPU (small models leave most of an H100 idle), continuing from their checkpoints when run again:
 #   bash scripts/synthetic_gpu.sh OUT parity      # S2: 1-layer GLA (gla_st) and Transformer x {nope, rope, selective_rope_st}
 #   bash scripts/synthetic_gpu.sh OUT parity_gla  # S2: only GLA's three
@@ -29,7 +29,7 @@ RUNS=${RUNS:-outputs/synthetic}
 budget=(train.epochs=${EPOCHS:-2})
 [ -n "${STEPS:-}" ] && budget=(train.steps=$STEPS train.epochs=null)
 # One CPU thread a job: with PyTorch's default (a thread per core) two dozen small jobs on 16 cores ran 1.6x slower
-# in all (README, MQAR). OMP_NUM_THREADS set by the caller wins.
+# in all (docs/synthetic, MQAR). OMP_NUM_THREADS set by the caller wins.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 common=(logger.mode=disabled train.progress=false "${budget[@]}" ${EXTRA:-})
 jobs=()  # "name|overrides..."

@@ -3,6 +3,7 @@
 import ast
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 # every import counts, the lazy ones inside functions too: a cycle that only bites at run time is still a cycle
@@ -101,7 +102,7 @@ def test_no_import_cycle_between_packages():
     graph = package_graph()
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
-    # the layering the README describes (common < kernels < model < data < trainer < evals < scripts): nothing
+    # the layering docs/layout.md describes (common < kernels < model < data < trainer < evals < scripts): nothing
     # imports the scripts, common imports nobody, the model and the data know nothing of training or evaluation
     assert not any(s in deps for deps in graph.values() for s in SCRIPTS), \
         {n: d & set(SCRIPTS) for n, d in graph.items() if d & set(SCRIPTS)}
@@ -150,6 +151,7 @@ def test_train_script_is_short():
     assert len((ROOT / "train.py").read_text().splitlines()) <= 150
 
 
+@pytest.mark.slow
 def test_every_backbone_and_scheme_option_is_in_the_composed_config():
     """`train.py backbone=X --cfg job` shows every option of X with its default: the yaml preset extends the schema
     made from the constructor, so the config and the code cannot disagree on what exists; a wrong type or an unknown

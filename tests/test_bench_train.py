@@ -17,6 +17,7 @@ def test_every_case_builds_and_trains_one_step(case):
     assert torch.isfinite(loss) and model.flops_per_token(32) > 6 * 0.9 * model.num_params(True)
 
 
+@pytest.mark.slow
 def test_reference_is_gpt2_small():
     ref, _, _ = bench_train.build("ref", "124m", 1024, 50304)
     n = sum(p.numel() for p in ref.parameters())
@@ -80,13 +81,14 @@ def test_merge_appends_a_run_to_a_history(tmp_path):
     assert [line.split(" | ")[0] for line in md.splitlines() if line.startswith("| A") or line.startswith("| B")] == \
         ["| A", "| A", "| B"]
     assert (tmp_path / "hist.png").exists()
-    # the README's summary: each case's latest row (run B's gla replaces run A's), one column per setting x mode
+    # the summary table: each case's latest row (run B's gla replaces run A's), one column per setting x mode
     assert bench_train.summary([hist]).splitlines()[2:] == ["| transformer+rope | 70.0 |", "| gla+nope | 90.0 |"]
     with pytest.raises(SystemExit, match="already has a run 'B'"):
         bench_train.merge(hist, tmp_path / "b.json", "B", "")
 
 
 @pytest.mark.parametrize("case", list(bench_train.FLA_CASES))
+@pytest.mark.slow
 def test_fla_peers_have_this_repos_shape(case):
     """FLA's own model of each kind, built at the 370m shape (not run: its kernels need a GPU): the same width,
     depth, heads, MLP and vocabulary, and the same parameter count as this repo's model of that kind, to the

@@ -83,6 +83,7 @@ def test_epochs_cover_every_window_once(tmp_path):
     assert [w.window(g)[0] for g in range(16, 32)] != starts  # reshuffled next epoch
 
 
+@pytest.mark.slow
 def test_embedded_corpus_is_real_deterministic_prose():
     docs = embedded_documents()
     assert docs == embedded_documents()
@@ -91,6 +92,7 @@ def test_embedded_corpus_is_real_deterministic_prose():
     assert any('The "for" statement' in d for d in docs[:100])  # pydoc topics come first
 
 
+@pytest.mark.slow
 def test_prepare_embedded_caches_and_splits(data_cache):
     cfg = {"name": "embedded", "tokenizer": "bpe", "vocab_size": 512, "cache_dir": data_cache}
     info = data_lib.prepare(cfg, progress=False)
@@ -106,6 +108,7 @@ def test_prepare_embedded_caches_and_splits(data_cache):
     assert again.train_shards == info.train_shards
 
 
+@pytest.mark.slow
 def test_text_and_jsonl_sources(tmp_path):
     txt = tmp_path / "docs"
     txt.mkdir()
@@ -188,6 +191,7 @@ def _split_tokens(info):
             np.concatenate([read_shard(p) for p in info.val_shards]))
 
 
+@pytest.mark.slow
 def test_fineweb_from_local_parquet_and_jsonl_in_worker_processes(tmp_path):
     """data=fineweb on local files of the published format: the shards hold every document, in order, each followed
     by end-of-text, every 10th held out; parquet and JSON lines give the same tokens; 2 worker processes."""

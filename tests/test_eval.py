@@ -53,6 +53,7 @@ def direct_logprob(model, ids: list[int]) -> list[float]:
     return F.log_softmax(logits[0, :-1].double(), -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
 
 
+@pytest.mark.slow
 def test_loglikelihood_equals_summed_token_logprobs(lm):
     """HFLM's scores are the trunk's own log-probabilities: the context's trailing spaces move to the continuation,
     inputs longer than max_length keep their last tokens, an empty context is end-of-text."""
@@ -204,6 +205,7 @@ def test_unknown_lm_eval_task_lists_close_matches():
         load_tasks(["hellaswagg"])
 
 
+@pytest.mark.slow
 def test_position_loss_json_and_png(ckpt, tmp_path):
     res = eval_lib.run(compose([f"ckpt={ckpt}", "mode=position_loss", "position_loss.length=256",
                                 "position_loss.max_windows=3", "position_loss.chunk=100", f"out={tmp_path}/pl.json"],
@@ -245,6 +247,7 @@ def test_perplexity_of_several_checkpoints_plots_loss_vs_training_context(ckpt, 
     assert (tmp_path / "ppl.png").read_bytes()[:8] == PNG
 
 
+@pytest.mark.slow
 def test_kernel_pictures_show_the_duality(tmp_path):
     """ALiBi's log-weight is -m_h n exactly; RetNet's is n log gamma_h; RoPE's rotation factor is mean_i cos(n theta_i);
     NoPE is flat; fresh and trained models draw one PNG."""

@@ -1,4 +1,4 @@
-"""scripts/frozen_weights.py: the check behind the README's finding that bf16 AdamW state froze the S2 runs."""
+"""scripts/frozen_weights.py: the check behind the finding in docs/synthetic that bf16 AdamW state froze the S2 runs."""
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ def run(dtype, steps=(40, 12000, 2000)):
     return ckpts[-2:]
 
 
+@pytest.mark.slow
 def test_bf16_adamw_state_freezes_and_fp32_does_not():
     r = compare(*run(torch.bfloat16))
     # v * 0.999 rounds back to v in bf16, v keeps the large gradients' size, and the steps round away

@@ -85,6 +85,7 @@ def test_what_each_mode_recomputes():
     assert silu["none"] == 4 and silu["full"] == silu["selective"] == 8, silu
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_under_torch_compile():
     """selective: Dynamo traces the checkpointed blocks and AOTAutograd partitions them; full: each block compiled on
     its own, inside an eager checkpoint (the aot_eager backend: Inductor's code generation would only add compile time

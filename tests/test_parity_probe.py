@@ -1,4 +1,4 @@
-"""scripts/parity_probe.py: the readings behind the README's account of why S2 runs stop extrapolating."""
+"""scripts/parity_probe.py: the readings behind the account in docs/synthetic of why S2 runs stop extrapolating."""
 
 import math
 

@@ -1,7 +1,7 @@
-"""What the README's reliability section promises, each shown here: one run per out_dir; a diverged run never writes
-or keeps a bad checkpoint in place of the last good one; a crash at any point resumes exactly, with metrics.jsonl
-holding one row per step; a corrupt newest checkpoint is skipped; edited data is prepared again; bad input ends in
-one `error:` line before any work."""
+"""What the reliability section of docs/training.md promises, each shown here: one run per out_dir; a diverged run
+never writes or keeps a bad checkpoint in place of the last good one; a crash at any point resumes exactly, with
+metrics.jsonl holding one row per step; a corrupt newest checkpoint is skipped; edited data is prepared again; bad
+input ends in one `error:` line before any work."""
 
 import json
 import math
@@ -41,6 +41,7 @@ def cache(tmp_path_factory):
     return str(d)
 
 
+@pytest.mark.slow
 def test_two_runs_in_one_out_dir_exactly_one_trains(tmp_path, cache):
     out = tmp_path / "run"
     # long enough that the winner still holds the lock when the other (a slower start on a busy machine) checks it
@@ -120,6 +121,7 @@ def test_nan_weights_between_steps_stop_the_next_step_without_a_checkpoint(tmp_p
     assert not list(tmp_path.glob("checkpoints/step_*.pt"))
 
 
+@pytest.mark.slow
 def test_kill_between_checkpoints_resumes_exactly_with_one_metrics_row_per_step(tmp_path, cache):
     """kill -9 at some step past 25 (checkpoints every 10): the resumed run cuts metrics.jsonl back to the last
     checkpoint's step, takes over the dead run's lock, and ends with the uninterrupted run's rows, one per step."""

@@ -1,4 +1,5 @@
-"""scripts/seed_spread.py: the spread over seeds and the seed-by-seed gaps that the README's MQAR verdict rests on."""
+"""scripts/seed_spread.py: the spread over seeds and the seed-by-seed gaps that the MQAR verdict (docs/synthetic)
+rests on."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""scripts/synthetic_gpu.sh, the driver of the README's synthetic-task GPU runs, run for real on the CPU, tiny."""
+"""scripts/synthetic_gpu.sh, the driver of the synthetic-task GPU runs (docs/synthetic), run for real on the CPU,
+tiny."""
 
 import os
 import subprocess

@@ -334,6 +334,7 @@ def test_symbols_tokenizer_and_heads():
 
 
 # -------------------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_config_errors():
     from duality.trainer.config import check_config
     with pytest.raises(ConfigError, match="set model.seq_len=128"):
@@ -351,6 +352,7 @@ def test_config_errors():
         check_config(compose([f"sweep={sweep}"]))
 
 
+@pytest.mark.slow
 def test_easy_mqar_is_learned_and_evaluated(tmp_path):
     """A 2-layer attention model learns an easy MQAR (8 pairs of a 64-token vocabulary: chance 1/32) far above
     chance in a short CPU run; the run logs accuracy, writes task_eval.json and the plot, and eval.py re-scores

@@ -25,6 +25,7 @@ def options(group):
     return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_compose_every_combination():
     """Every backbone x pe (valid ones pass every check, the others are refused with the valid choices), and
     every model x train x optim x logger x data choice."""
@@ -112,6 +113,7 @@ def test_compile_mode_reaches_torch_compile(tmp_path, data_cache, monkeypatch, a
 
 
 @pytest.mark.parametrize("backbone", options("backbone"))
+@pytest.mark.slow
 def test_tiny_model_overfits_a_batch(backbone):
     torch.manual_seed(0)
     pe = "nope" if backbone.startswith("path") or backbone == "base_conv" else "rope"
@@ -375,6 +377,7 @@ def test_seed003_architectures_train(tmp_path, data_cache, arch, extra):
     assert loss[12] < loss[1] - 0.3 and math.isfinite(res["val_loss"]), loss
 
 
+@pytest.mark.slow
 def test_train_on_fineweb_parquet_and_longcrawl64_layout(tmp_path, data_cache):
     """The documented FineWeb and LongCrawl64 commands on local files of the published formats; then the data
     errors that must come before any training: context longer than the documents, fewer windows than a batch."""

@@ -168,7 +168,7 @@ def check_config(cfg, world: int = 1) -> dict:
         # v * beta2 is v again for some v once 1 - beta2 < 2^-8, for every v once < 2^-9 (0.999: 0.001)
         print(f"warning: train.dtype=bf16_weights keeps AdamW's state in bf16, where v * beta2 (optim.betas[1]="
               f"{o.betas[1]}) rounds back to v: the second moment never decays, and once the gradients shrink the "
-              "steps round away and the weights stop moving (README, \"S2's extrapolation gap\"; "
+              "steps round away and the weights stop moving (docs/synthetic, \"S2's extrapolation gap\"; "
               "scripts/frozen_weights.py checks a run)", file=sys.stderr)
     if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
         raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")

@@ -1,0 +1,238 @@
+"""The measured tables of README.md and docs/, drawn from their JSON records.
+
+    python scripts/report.py           # rewrite every generated block in place
+    python scripts/report.py --check   # exit 1 naming each block that differs from its records (tests/test_report.py)
+
+A generated block sits between `<!-- report:NAME -->` and `<!-- /report:NAME -->` in a Markdown file; BLOCKS maps
+NAME to the function that draws it from its records. The device, date and software of each number come from the
+record, never from prose, so a table cannot drift from the measurement behind it: change a record, rerun this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_train  # noqa: E402  (the benchmark's own table functions)
+import official_ab  # noqa: E402
+
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("*/README.md"))]
+THROUGHPUT = [DOCS / "throughput/bench_train_124m.json", DOCS / "throughput/bench_train_370m.json"]
+VS_FLA = [DOCS / f"memory/{n}_370m_4096_h100.json" for n in ("fla_peers", "fused", "split", "profile", "peers_again")]
+FIRST_STEP = DOCS / "gpu/first_step_h100.json"
+LONGEST = DOCS / "memory/longest_65536_h100_2026-11-25.json"
+MULTI_GPU = DOCS / "multi_gpu/multi_gpu.json"
+FSDP_1_3B = DOCS / "multi_gpu/fsdp2_1_3b_2xh100.json"
+VERDICTS = DOCS / "synthetic/verdicts.json"
+OFFICIAL_AB = DOCS / "synthetic/official_ab_s2_2026-11-26.json"
+NAMES = {"ref": "nanoGPT reference", "transformer+rope": "transformer + RoPE", "gla+nope": "GLA",
+         "gated_deltanet+nope": "Gated DeltaNet", "fox+nope": "FoX", "sympow+rope": "sympow",
+         "gla+selective_rope": "GLA + Selective RoPE"}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def short_device(text: str) -> str:
+    """'2 x NVIDIA H100 80GB HBM3 (lent ...)' -> '2 × H100'; the GPU count from '2 x', 'two', a kind's '-x2' or a
+    repeated name; parts of a record measured on several machines (';') each, joined by ' + '."""
+    out = []
+    for part in text.split(";"):
+        chips = re.findall(r"H100|H200", part)
+        if not chips:
+            continue
+        m = re.search(r"\b(\d+) x\b|\b(two|four|eight)\b|nvidia-h\d00-x(\d)", part, re.I)
+        n = 1 if m is None else int(m.group(1) or m.group(3) or {"two": 2, "four": 4, "eight": 8}[m.group(2).lower()])
+        n = max(n, part.count("NVIDIA H"))
+        out.append(f"{n} × {chips[0]}" if n > 1 else chips[0])
+    return " + ".join(dict.fromkeys(out)) or text
+
+
+def link(page: str, text: str = "details") -> str:
+    return f"[{text}]({page})"
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+# ------------------------------------------------------------------------------------------------------ blocks
+def throughput_table() -> str:
+    return bench_train.summary(THROUGHPUT)
+
+
+def vs_fla_table() -> str:
+    return bench_train.vs_fla(VS_FLA)
+
+
+def first_step_table() -> str:
+    rec = load(FIRST_STEP)
+    lines = [f"| case ({rec['setting']}, compiled) | first step, s | configs timed | process wall, s |",
+             "|---|---:|---:|---:|"]
+    for r in rec["rows"]:
+        lines.append(f"| {r['case']} | {r['first_step_s']:.1f} | {r['configs_timed']} | {r['process_wall_s']:.0f} |")
+    return "\n".join(lines) + f"\n\n{short_device(rows_device(rec))}, {rows_date(rec)}; {rec['note']}."
+
+
+def rows_device(rec: dict) -> str:
+    return rec.get("device") or rec["rows"][0]["device"]
+
+
+def rows_date(rec: dict) -> str:
+    return rec.get("date") or rec["rows"][0]["date"]
+
+
+def longest_table() -> str:
+    rec = load(LONGEST)
+    lines = ["| backbone (370m, one 65,536-token sequence, full checkpointing) | s a step | peak GiB | tokens/s |",
+             "|---|---:|---:|---:|"]
+    for r in rec["rows"]:
+        lines.append(f"| {NAMES.get(r['case'], r['case'])} | {r['ms'] / 1000:.2f} | {r['peak_mem_gib']:.1f} | "
+                     f"{r['tokens_per_s']:,.0f} |")
+    where = f"{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}"
+    return "\n".join(lines) + f"\n\n{where}: `{rec['command']}`"
+
+
+def multi_gpu_table() -> str:
+    rec = load(MULTI_GPU)
+    f, s = rec["fp32"], rec["scaling"]
+    lines = ["| run | loss difference to 1 GPU: max / mean | tokens/s (median) | × 1 GPU | peak GiB a GPU |",
+             "|---|---:|---:|---:|---:|"]
+    for title, group in (("fp32, no compile, 20 steps of 65,536 tokens", f),
+                         ("bf16, compiled, 262,144-token batches", s),
+                         ("bf16, compiled, 200 steps of 65,536 tokens (the curves in the figure)", rec["curves"])):
+        lines.append(f"| **{title}** | | | | |")
+        for r in group.values():
+            lines.append(f"| {r['label']} | {r['max_abs_loss_diff']:.2g} / {r['mean_abs_loss_diff']:.2g} | "
+                         f"{r['tokens_per_s_median']:,.0f} | {r['speedup']:.2f} | {r['peak_mem_gib']:.1f} |")
+    lines.append(f"| the 2-GPU run resumed from step 100, against itself uninterrupted | "
+                 f"{rec['resume_max_abs_loss_diff']:.2g} | | | |")
+    where = f"{short_device(rec['device'])}, {rec['date']}, {rec['software']}"
+    return "\n".join(lines) + f"\n\n{where}: `bash scripts/multi_gpu.sh OUT`"
+
+
+def official_ab_table() -> str:
+    return official_ab.table(load(OFFICIAL_AB))
+
+
+def fsdp_1_3b() -> tuple[float, float, float]:
+    """(speedup of 2 GPUs over 1, GiB a GPU on 2, on 1) of the 1.3B FSDP2 record: the median of each run's rows."""
+    runs = load(FSDP_1_3B)["runs"]
+
+    def med(run, key):
+        vals = sorted(r[key] for r in run["metrics"][1:] if key in r)  # the first row includes compilation
+        return vals[len(vals) // 2]
+    one, two = runs["1_gpu"], runs["2_gpu"]
+    return med(two, "tokens_per_s") / med(one, "tokens_per_s"), med(two, "peak_mem_gib"), med(one, "peak_mem_gib")
+
+
+def summary_table() -> str:
+    """The README's results: one row a measured area, each number from its record, each row linking its page."""
+    rows = []
+    tp = {bench_train.key(r): r for path in THROUGHPUT for _, r in bench_train.load_rows(path)}
+    rec = load(THROUGHPUT[1])
+    cells = []
+    for case in ("ref", "transformer+rope", "gla+nope", "gated_deltanet+nope"):
+        r = tp.get((case, "370m", 4096, True))
+        if r and "error" not in r:
+            cells.append(f"{NAMES[case]} {r['ms']:.0f} ms (MFU {r['mfu']:.2f})" if r.get("mfu") else
+                         f"{NAMES[case]} {r['ms']:.0f} ms")
+    rows.append(("Training step, 370m, 8 × 4,096 tokens, compiled", "; ".join(cells),
+                 f"{short_device(rec['device'])}, {rec['date']}", "docs/throughput/README.md"))
+    gla = ("gla+nope", "fla:gla", "370m", 4096)
+    _, _, _, _, ours, _, fla = next(p for p in bench_train.vs_fla_pairs(VS_FLA) if p[:4] == gla)
+    ours, fla = ours[1], fla[1]
+    fla_rec = load(VS_FLA[-1])
+    rows.append(("GLA against FLA's own `GLAForCausalLM` (370m, 8 × 4,096, eager)",
+                 f"{fla['ms'] / ours['ms']:.2f}× its speed at "
+                 f"{ours['peak_mem_gib'] / fla['peak_mem_gib']:.2f}× its memory "
+                 f"({ours['ms']:.0f} ms, {ours['peak_mem_gib']:.1f} GiB compiled against {fla['ms']:.0f} ms, "
+                 f"{fla['peak_mem_gib']:.1f} GiB)", f"{short_device(fla_rec['device'])}, {fla_rec['date']}",
+                 "docs/memory/README.md"))
+    lg = load(LONGEST)
+    mems = [r["peak_mem_gib"] for r in lg["rows"]]
+    rows.append(("One 65,536-token sequence at 370m (full checkpointing, chunked loss)",
+                 f"{len(mems)} backbones in {min(mems):.1f}–{max(mems):.1f} GiB",
+                 f"{short_device(lg['device'])}, {lg['date']}", "docs/memory/README.md"))
+    fs = load(FIRST_STEP)
+    firsts = [r["first_step_s"] for r in fs["rows"]]
+    rows.append(("First compiled step of a fresh process, shipped kernel configs (370m/4096)",
+                 f"{min(firsts):.0f}–{max(firsts):.0f} s over {len(firsts)} cases, "
+                 f"{sum(r['configs_timed'] for r in fs['rows'])} configs timed",
+                 f"{short_device(rows_device(fs))}, {rows_date(fs)}", "docs/gpu/README.md"))
+    mg = load(MULTI_GPU)
+    ddp, fsdp = mg["scaling"]["scale_gpu2_ddp"], mg["scaling"]["scale_gpu2_fsdp"]
+    rows.append(("2 GPUs against 1, 124m (DDP / FSDP2)",
+                 f"{ddp['speedup']:.2f}× / {fsdp['speedup']:.2f}×; fp32 losses within "
+                 f"{max(r['max_abs_loss_diff'] for r in mg['fp32'].values()):.0e}",
+                 f"{short_device(mg['device'])}, {mg['date']}", "docs/multi_gpu/README.md"))
+    speed, mem2, mem1 = fsdp_1_3b()
+    f13 = load(FSDP_1_3B)
+    rows.append(("1.3B under FSDP2, 2 GPUs against 1", f"{speed:.2f}×, {mem2:.1f} GiB a GPU against {mem1:.1f}",
+                 f"{short_device(f13['device'])}, {f13['date']}", "docs/multi_gpu/README.md"))
+    lines = ["| measured | result | measured on | page |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {link(d)} |" for a, b, c, d in rows]
+    return "\n".join(lines)
+
+
+def verdicts_table() -> str:
+    """Seed 004's claims: the verdict written in docs/synthetic/verdicts.json, the date and device of its record."""
+    lines = ["| claim | verdict | measured on | page |", "|---|---|---|---|"]
+    for v in load(VERDICTS)["claims"]:
+        rec = load(DOCS / "synthetic" / v["record"])
+        date = rec.get("date") or re.search(r"\d{4}-\d\d-\d\d", v["record"]).group(0)  # older records: the name's
+        lines.append(f"| {v['claim']} | {v['verdict']} | {short_device(rec['device'])}, {date} | "
+                     f"{link('docs/synthetic/README.md' + v.get('anchor', ''))} |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": throughput_table,
+          "vs_fla": vs_fla_table, "first_step": first_step_table, "longest": longest_table,
+          "multi_gpu": multi_gpu_table, "official_ab": official_ab_table}
+MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
+
+
+def render(text: str, page: Path) -> str:
+    """`text` with every generated block redrawn (links in README-relative form made relative to `page`)."""
+    def sub(m):
+        name = m.group(2)
+        if name not in BLOCKS:
+            raise KeyError(f"{page.name}: no generator for block {name!r}; known: {sorted(BLOCKS)}")
+        body = BLOCKS[name]()
+        if page.parent != ROOT:  # the blocks link README-relative; a page under docs/ links from where it is
+            body = re.sub(r"\]\(docs/([^)]*)\)",
+                          lambda x: f"]({os.path.relpath(ROOT / 'docs' / x.group(1), page.parent)})", body)
+        return f"{m.group(1)}{body}\n{m.group(4)}"
+    return MARK.sub(sub, text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if a block is out of date")
+    a = p.parse_args(argv)
+    stale = []
+    for page in PAGES:
+        old = page.read_text()
+        new = render(old, page)
+        if new != old:
+            stale.append(rel(page))
+            if not a.check:
+                page.write_text(new)
+    if a.check and stale:
+        print("out of date with their records (run python scripts/report.py):", ", ".join(stale))
+        return 1
+    print(("rewrote: " + ", ".join(stale)) if stale and not a.check else "every generated block is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
