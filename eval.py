@@ -153,7 +153,12 @@ def kernels(cfg, loaded, names, device) -> dict:
 def data_config(cfg, ckpt) -> dict:
     """The checkpoint's own data, or the data config given on the command line (data=text data.files=...)."""
     from omegaconf import OmegaConf
-    return ckpt["config"]["data"] if cfg.get("data") is None else OmegaConf.to_container(cfg.data, resolve=True)
+    if cfg.get("data") is not None:
+        return OmegaConf.to_container(cfg.data, resolve=True)
+    if "data" not in ckpt["config"]:
+        raise ConfigError(f"{ckpt.get('export', 'this checkpoint')} holds no data config (an export written before "
+                          "exports kept their run's): give the data, e.g. data=text data.files='held/*.txt'")
+    return ckpt["config"]["data"]
 
 
 def run(cfg) -> dict:
@@ -226,7 +231,7 @@ def run(cfg) -> dict:
             if cfg.mode == "perplexity":
                 seq = cfg.seq_len or ckpt["config"]["model"]["seq_len"]
                 r = perplexity(model, tok, data_config(cfg, ckpt), seq, cfg.eval_tokens, cfg.micro_batch, device,
-                               autocast, bool(ckpt["config"]["train"].get("doc_boundaries")))
+                               autocast, bool(ckpt["config"].get("train", {}).get("doc_boundaries")))
                 print(f"{name} | val loss {r['val_loss']:.4f} | perplexity {r['val_ppl']:.2f} | "
                       f"{r['tokens']:,} tokens at context {seq}")
             elif cfg.mode == "task":

@@ -34,6 +34,7 @@ from duality.common.errors import ConfigError
 from duality.common.io import atomic_dir
 from duality.model import build_model, with_defaults
 from duality.model.gpt import Cache, varying_shapes
+from duality.trainer.checkpoint import EXPORT_MARKER, load_weights, read_checkpoint
 
 # The output field generate reads the cache back from: `cache` from transformers 5.24, `past_key_values` before.
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -210,11 +211,13 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_checkpoint(cls, path, device="cpu") -> tuple["DualityForCausalLM", object]:
-        """A training checkpoint (anything eval.py's ckpt= accepts) as (this model in eval mode, its tokenizer as a
-        transformers PreTrainedTokenizerFast)."""
+        """A training checkpoint or an export (anything eval.py's ckpt= accepts) as (this model in eval mode, its
+        tokenizer as a transformers PreTrainedTokenizerFast)."""
+        return cls.from_checkpoint_dict(*read_checkpoint(path), device)
+
+    @classmethod
+    def from_checkpoint_dict(cls, ckpt_path, ckpt: dict, device="cpu") -> tuple["DualityForCausalLM", object]:
         from duality.data import Tokenizer
-        from duality.trainer.checkpoint import load_weights, read_checkpoint
-        ckpt_path, ckpt = read_checkpoint(path)
         cfg, tok = ckpt["config"], Tokenizer.from_dict(ckpt["tokenizer"])
         config = DualityConfig(backbone=with_defaults("backbone", cfg["backbone"]), pe=with_defaults("pe", cfg["pe"]),
                                model={k: v for k, v in cfg["model"].items() if k != "name"},
@@ -266,7 +269,8 @@ def export(ckpt, out, dtype: str = "float32") -> Path:
         what = "a file" if not out.is_dir() else f"holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}"
         raise ConfigError(f"out={out} is not an earlier export of this repo ({what}; no {EXPORT_MARKER}): export "
                           "replaces only its own folders; choose another out")
-    model, tokenizer = DualityForCausalLM.from_checkpoint(ckpt)
+    source_path, source = read_checkpoint(ckpt)
+    model, tokenizer = DualityForCausalLM.from_checkpoint_dict(source_path, source)
     model.to(getattr(torch, dtype))
     # auto_map: `from_pretrained(folder, trust_remote_code=True)` (lm_eval --model hf, any script) finds the classes
     # through the folder's REMOTE_CODE module, which imports them from the installed package
@@ -276,7 +280,10 @@ def export(ckpt, out, dtype: str = "float32") -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE)
-        (tmp / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt), "dtype": dtype}) + "\n")
+        # what eval.py needs to read the folder back as it reads the run (trainer/checkpoint.py: read_export)
+        (tmp / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt), "dtype": dtype, "step": source["step"],
+                                                     "tokenizer": source["tokenizer"],
+                                                     "config": source["config"]}) + "\n")
     return out
 
 
@@ -294,7 +301,6 @@ except ImportError as e:
 '''
 
 
-EXPORT_MARKER = "duality_export.json"  # what tells export that a folder is its own, and so may be replaced
 
 
 def is_export(folder: Path) -> bool:

@@ -353,3 +353,29 @@ def test_an_export_loads_anywhere_with_trust_remote_code_and_the_lm_eval_console
                                 "lm_eval.tasks=[pydoc_mc]", "lm_eval.limit=16", "lm_eval.max_length=256"], "eval"))
     own = own["results"][str(ckpt)]["pydoc_mc"]
     assert cli["acc,none"] == own["acc,none"] and cli["acc_norm,none"] == own["acc_norm,none"]
+
+
+def test_eval_reads_an_export_as_it_reads_the_run(ckpt, tmp_path):
+    """ckpt=<export folder>: perplexity on the run's own data (from the export's marker) equal to the run's, a sample
+    equal to the run's; an export written before the marker held the run's config still loads (its tokenizer from
+    tokenizer.json, the same ids) and asks for data=."""
+    out = tmp_path / "export"
+    eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={out}"], "eval"))
+    run = eval_lib.run(compose([f"ckpt={ckpt}", "mode=perplexity", "eval_tokens=512", f"out={tmp_path}/a.json"],
+                               "eval"))
+    exp = eval_lib.run(compose([f"ckpt={out}", "mode=perplexity", "eval_tokens=512", f"out={tmp_path}/b.json"],
+                               "eval"))
+    assert exp["val_loss"] == pytest.approx(run["val_loss"], rel=1e-6) and exp["tokens"] == run["tokens"] == 512
+    assert exp["step"] == run["step"] == 40 and exp["ckpt"] == str(out / "model.safetensors")
+    gpt, tok, _ = eval_lib.load_model(str(out))
+    gpt0, tok0, _ = eval_lib.load_model(str(ckpt))
+    ids = torch.tensor([tok0.encode("The module provides")])
+    assert tok.encode("The module provides") == ids[0].tolist()
+    with torch.no_grad():
+        torch.testing.assert_close(gpt(ids), gpt0(ids), rtol=0, atol=0)
+    marker = out / "duality_export.json"
+    marker.write_text(json.dumps({"checkpoint": str(ckpt), "dtype": "float32"}))  # as exports before the run's config
+    with pytest.raises(ConfigError, match="holds no data config .*give the data, e.g. data=text"):
+        eval_lib.run(compose([f"ckpt={out}", "mode=perplexity", "eval_tokens=512", f"out={tmp_path}/c.json"], "eval"))
+    old = eval_lib.load_model(str(out))[1]
+    assert old.encode("The module provides") == ids[0].tolist()

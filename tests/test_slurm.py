@@ -71,3 +71,26 @@ def test_torchrun_adapts_the_default_batch_and_says_a_config_error_once(tmp_path
     r = subprocess.run([*cmd, *args, "train.global_batch_tokens=2048", f"out_dir={tmp_path / 'fixed'}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and r.stderr.count("error: train.global_batch_tokens=2048 is not a multiple") == 1
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_rendezvous_and_train_as_one_run(tmp_path, data_cache):
+    """The README's several-nodes recipe, as two "nodes" on one host: two torchrun launchers (--nnodes=2, one process
+    each, c10d rendezvous at the head's address) make one DDP run whose losses follow the one-process run's."""
+    opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2")
+    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in SLURM}
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes",
+                               "train.py", *tiny_overrides(tmp_path / "nodes", data_cache, *opts)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert sum("world 2 (DDP)" in out for out, _ in outs) == 1  # rank 0 of the two nodes prints the plan
+    ref = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "ref") if "loss" in r}
+    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "nodes") if "loss" in r}
+    assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)

@@ -71,10 +71,50 @@ def checkpoint_candidates(path: Path) -> list[Path]:
     return ([named] if named else []) + [f for f in found if f != named]
 
 
+EXPORT_MARKER = "duality_export.json"  # written by hf.py's export into every folder it writes
+
+
+def export_folder(path: Path) -> Path | None:
+    """The transformers export (hf.py's export) at `path` (its folder or its model.safetensors), else None."""
+    folder = path.parent if path.name == "model.safetensors" else path
+    if not (folder / "model.safetensors").is_file() or not (folder / "config.json").is_file():
+        return None
+    if (folder / EXPORT_MARKER).is_file():
+        return folder
+    try:  # exports written before the marker: a config.json of this model type
+        return folder if json.loads((folder / "config.json").read_text()).get("model_type") == "duality" else None
+    except (OSError, ValueError):
+        return None
+
+
+def read_export(folder: Path) -> dict:
+    """An export as a checkpoint dict, so that eval.py reads it as it reads a run: the weights of model.safetensors
+    (float32, as training keeps them), the model's config from config.json, and from the marker the tokenizer and
+    the run's config (its data: perplexity's default); an export written before the marker held them gets its
+    tokenizer from tokenizer.json (the same ids, hf.py) and no data config."""
+    from safetensors.torch import load_file
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+        marker = json.loads((folder / EXPORT_MARKER).read_text()) if (folder / EXPORT_MARKER).is_file() else {}
+        weights = {k.removeprefix("model."): v.float() for k, v in load_file(folder / "model.safetensors").items()}
+        tokenizer = marker.get("tokenizer") or {"kind": "hf", "spec": (folder / "tokenizer.json").read_text()}
+    except Exception as e:
+        raise ConfigError(f"cannot read the export {folder}: {type(e).__name__}: {e}") from None
+    if hf["model"].get("tie_embeddings") and "lm_head.weight" not in weights:  # saved once, under the embedding
+        weights["lm_head.weight"] = weights["wte.weight"]
+    run = marker.get("config") or {}
+    config = {**run, "backbone": hf["backbone"], "pe": hf["pe"],
+              "model": {**run.get("model", {}), **hf["model"]}}
+    return {"step": marker.get("step", 0), "model": weights, "config": config, "tokenizer": tokenizer,
+            "vocab_size": hf["vocab_size"], "export": str(folder)}
+
+
 def resolve_checkpoint(path: Path) -> tuple[Path | None, dict | None]:
-    """The newest readable checkpoint of a run folder, checkpoints/ folder, `latest` file or checkpoint file, and its
-    contents. A newest checkpoint that cannot be read (a truncated copy, a full disk) is skipped with a warning that
-    names it; an error only when none can be read."""
+    """The newest readable checkpoint of a run folder, checkpoints/ folder, `latest` file, checkpoint file or
+    transformers export, and its contents. A newest checkpoint that cannot be read (a truncated copy, a full disk) is
+    skipped with a warning that names it; an error only when none can be read."""
+    if (folder := export_folder(path)) is not None:
+        return folder / "model.safetensors", read_export(folder)
     if path.is_file() and path.name != "latest":
         return path, load_checkpoint(path)
     errors = []
@@ -213,15 +253,18 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
 
 
 def newest_checkpoint(path) -> Path:
-    """A checkpoint file, a `latest` pointer, a checkpoints/ folder or a run's out_dir: the newest checkpoint there,
+    """A checkpoint file, a `latest` pointer, a checkpoints/ folder, a run's out_dir or an export (its
+    model.safetensors): the newest checkpoint there,
     found as resume=auto finds it; an error naming the valid forms when there is none."""
     p = Path(path)
+    if (folder := export_folder(p)) is not None:
+        return folder / "model.safetensors"
     if p.is_file() and p.name != "latest":
         return p
     found = checkpoint_candidates(p) if p.exists() else []
     if not found:
-        raise ConfigError(f"ckpt={str(path)!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder or "
-                          "a run's out_dir)")
+        raise ConfigError(f"ckpt={str(path)!r}: no checkpoint there (give a step_*.pt file, a checkpoints/ folder, "
+                          "a run's out_dir or an export's folder)")
     return found[0]
 
 
