@@ -2,9 +2,12 @@
 newest readable one of a run), checked against a run's config, and loaded back into a model; and the lock that keeps
 two runs out of one out_dir.
 
-A checkpoint is a torch.save dict: step, model (full state dict), optimizer (keyed by parameter name), scheduler,
-rng (per rank), world_size, strategy, config (the run's resolved config, model.head as built), tokenizer,
-vocab_size, wandb_id, stopped_at_acc, nonfinite_skipped (steps train.nonfinite=skip skipped).
+A checkpoint holds: step, model (full state dict), optimizer (keyed by parameter name), scheduler, rng (per rank),
+world_size, strategy, config (the run's resolved config, model.head as built), tokenizer, vocab_size, wandb_id,
+stopped_at_acc, nonfinite_skipped (steps train.nonfinite=skip skipped). train.checkpoint_format says how it is
+written: `full`, one torch.save file step_XXXXXXX.pt, the state gathered to rank 0; `sharded`, a folder step_XXXXXXX/
+that torch.distributed.checkpoint writes from every rank at once (each its own FSDP shards, no gathering), the rest
+in its meta.pt. Either is read back whole, on any world size and strategy.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,16 +42,61 @@ def set_rng_state(s):
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
+FORMATS = ("full", "sharded")
+
+
 def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int) -> Path:
     """Write step_XXXXXXX.pt atomically, then repoint `latest` the same way: a crash at any moment leaves `latest`
     naming a complete checkpoint. Keeps the newest `keep` (0: all)."""
     path = Path(ckpt_dir) / f"step_{step:07d}.pt"
     with atomic_open(path, "wb") as f:
         torch.save(state, f)
-    write_atomic(path.parent / "latest", path.name)
-    for old in sorted(path.parent.glob("step_*.pt"))[:-keep] if keep > 0 else []:
-        old.unlink()
+    publish(path, keep)
     return path
+
+
+def save_sharded(ckpt_dir: Path, step: int, tensors: dict, meta: dict, keep: int, rt) -> Path:
+    """Every rank writes its part of `tensors` (model and optimizer state) into step_XXXXXXX.tmp/ with
+    torch.distributed.checkpoint (a collective: each FSDP shard by its own rank, a replicated tensor once), rank 0
+    adds meta.pt, renames the folder to step_XXXXXXX and repoints `latest`: a crash leaves a .tmp folder, never a
+    partial checkpoint under a step's name."""
+    import torch.distributed.checkpoint as dcp
+    path = Path(ckpt_dir) / f"step_{step:07d}"
+    tmp = path.with_name(path.name + ".tmp")
+    if rt.master:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    rt.barrier()
+    with warnings.catch_warnings():  # one process: DCP says it assumes so
+        warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable)")
+        dcp.save(tensors, checkpoint_id=tmp, no_dist=not rt.distributed)
+    if rt.master:
+        with atomic_open(tmp / "meta.pt", "wb") as f:
+            torch.save(meta, f)
+        if path.exists():  # the same step written again (a resumed run's last step): the new one wins
+            shutil.rmtree(path)
+        tmp.rename(path)
+        publish(path, keep)
+    rt.barrier()
+    return path
+
+
+def publish(path: Path, keep: int) -> None:
+    """Point `latest` at a complete checkpoint, then keep the newest `keep` (0: all)."""
+    write_atomic(path.parent / "latest", path.name)
+    for old in step_checkpoints(path.parent)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+def step_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """The complete checkpoints in a checkpoints/ folder, oldest first: step_*.pt files and step_* folders."""
+    return sorted([*ckpt_dir.glob("step_*.pt"), *(d for d in ckpt_dir.glob("step_*") if is_sharded(d))],
+                  key=lambda p: p.name.removesuffix(".pt"))
+
+
+def is_sharded(path: Path) -> bool:
+    """A sharded checkpoint's folder: what torch.distributed.checkpoint wrote (.metadata) and meta.pt."""
+    return path.is_dir() and (path / ".metadata").is_file() and (path / "meta.pt").is_file()
 
 
 def checkpoint_candidates(path: Path) -> list[Path]:
@@ -55,17 +105,17 @@ def checkpoint_candidates(path: Path) -> list[Path]:
     if path.name == "latest" and path.is_file():
         path = path.parent
     ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = sorted(ckpt_dir.glob("step_*.pt"), reverse=True)
+    found = step_checkpoints(ckpt_dir)[::-1]
     named = None
     try:
         named = ckpt_dir / (ckpt_dir / "latest").read_text().strip()
     except FileNotFoundError:
         pass
     except (UnicodeDecodeError, OSError) as e:
-        print(f"warning: {ckpt_dir / 'latest'} is unreadable ({type(e).__name__}): using the newest step_*.pt",
+        print(f"warning: {ckpt_dir / 'latest'} is unreadable ({type(e).__name__}): using the newest checkpoint",
               file=sys.stderr)
     if named is not None and named not in found:
-        print(f"warning: {ckpt_dir / 'latest'} names {named.name}, which is missing: using the newest step_*.pt",
+        print(f"warning: {ckpt_dir / 'latest'} names {named.name}, which is missing: using the newest checkpoint",
               file=sys.stderr)
         named = None
     return ([named] if named else []) + [f for f in found if f != named]
@@ -115,7 +165,7 @@ def resolve_checkpoint(path: Path) -> tuple[Path | None, dict | None]:
     skipped with a warning that names it; an error only when none can be read."""
     if (folder := export_folder(path)) is not None:
         return folder / "model.safetensors", read_export(folder)
-    if path.is_file() and path.name != "latest":
+    if (path.is_file() and path.name != "latest") or is_sharded(path):
         return path, load_checkpoint(path)
     errors = []
     for cand in checkpoint_candidates(path):
@@ -133,13 +183,26 @@ def resolve_checkpoint(path: Path) -> tuple[Path | None, dict | None]:
 
 def load_checkpoint(path: Path) -> dict:
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = load_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
         raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
     missing = {"step", "model", "config", "tokenizer"} - set(ckpt) if isinstance(ckpt, dict) else {"everything"}
     if missing:
         raise ConfigError(f"{path} is not a checkpoint of this repo (missing {sorted(missing)})")
     return ckpt
+
+
+def load_sharded(path: Path) -> dict:
+    """A sharded checkpoint read whole: meta.pt, and the model and optimizer state as full tensors (every shard
+    read, whatever world size and strategy wrote them). Under torchrun a collective: every rank reads it, as every
+    rank reads a full checkpoint."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys  # the one reader that
+    # needs no template: the model is not built yet when a run resumes (it is loaded whole, before FSDP shards it)
+    meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable|uninitialized)")
+        state = _load_state_dict_from_keys({"model", "optimizer"}, checkpoint_id=str(path))
+    return {**meta, **state}
 
 
 class RunLock:
@@ -172,7 +235,7 @@ class RunLock:
                 f.write(json.dumps(me))
             self.held = True
             for tmp in (self.out_dir / "checkpoints").glob("*.tmp*"):  # a killed writer's leftovers: ours now
-                tmp.unlink(missing_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
             return self
         raise ConfigError(f"{self.out_dir}: could not take {self.path}; delete it if no run uses this out_dir")
 
@@ -259,7 +322,7 @@ def newest_checkpoint(path) -> Path:
     p = Path(path)
     if (folder := export_folder(p)) is not None:
         return folder / "model.safetensors"
-    if p.is_file() and p.name != "latest":
+    if (p.is_file() and p.name != "latest") or is_sharded(p):
         return p
     found = checkpoint_candidates(p) if p.exists() else []
     if not found:
@@ -310,10 +373,11 @@ class Checkpointer:
     """Writes the training state every train.ckpt_interval steps (rank 0 writes; under FSDP every rank joins the
     gathering), only ever a finite one: retention then never deletes the last good checkpoint for a bad one."""
 
-    def __init__(self, out_dir: Path, rt, model, optimizer, scheduler, meta: dict, keep: int, last: Path | None):
+    def __init__(self, out_dir: Path, rt, model, optimizer, scheduler, meta: dict, keep: int, last: Path | None,
+                 format: str = "full"):
         self.dir, self.rt, self.model = out_dir / "checkpoints", rt, model
         self.optimizer, self.scheduler = optimizer, scheduler
-        self.meta, self.keep, self.last_good = meta, keep, last
+        self.meta, self.keep, self.last_good, self.format = meta, keep, last, format
         self.nonfinite_skipped = 0  # steps train.nonfinite=skip skipped since the run began (trainer/guard.py)
 
     def diverged(self, step: int, what: str) -> NonFinite:
@@ -327,22 +391,24 @@ class Checkpointer:
         if not rt.all_finite([*self.model.parameters(), *(v for st in opt.state.values() for v in st.values())]):
             raise self.diverged(step, "the weights or optimizer state are not finite")
         rngs = rt.gather_objects(rng_state())
-        model_sd, optim_sd = rt.model_state(self.model), rt.optimizer_state(self.model, opt)
-        path = self.dir / f"step_{step:07d}.pt"
-        if rt.master:
-            try:
-                save_checkpoint(self.dir, step, {
-                    "step": step, "model": model_sd, "optimizer": optim_sd, "strategy": "fsdp" if rt.fsdp else "ddp",
-                    "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": rt.world,
-                    "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
-                    "nonfinite_skipped": self.nonfinite_skipped, **self.meta}, self.keep)
-            except (OSError, RuntimeError) as e:
-                if (cause := storage_cause(e)) is None:
-                    raise
-                good = self.last_good
-                raise StorageError(f"step {step}: checkpoint not written: {describe_storage(cause)}. The last good "
-                                   f"checkpoint is {good or 'none'}" + (" (resume=auto continues from it)" if good
-                                                                        else "")) from e
+        meta = {"step": step, "strategy": "fsdp" if rt.fsdp else "ddp", "scheduler": self.scheduler.state_dict(),
+                "rng": rngs, "world_size": rt.world, "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
+                "nonfinite_skipped": self.nonfinite_skipped, **self.meta}
+        try:
+            if self.format == "sharded":
+                path = save_sharded(self.dir, step, rt.sharded_state(self.model, opt), meta, self.keep, rt)
+            else:
+                model_sd, optim_sd = rt.model_state(self.model), rt.optimizer_state(self.model, opt)
+                path = self.dir / f"step_{step:07d}.pt"
+                if rt.master:
+                    save_checkpoint(self.dir, step, {**meta, "model": model_sd, "optimizer": optim_sd}, self.keep)
+        except (OSError, RuntimeError) as e:
+            if (cause := storage_cause(e)) is None:
+                raise
+            good = self.last_good
+            raise StorageError(f"step {step}: checkpoint not written: {describe_storage(cause)}. The last good "
+                               f"checkpoint is {good or 'none'}" + (" (resume=auto continues from it)" if good
+                                                                    else "")) from e
         self.last_good = path
 
     def restore(self, ckpt: dict, seed: int) -> int:

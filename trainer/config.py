@@ -15,6 +15,7 @@ from duality.data.tasks import is_task
 from duality.model import check_model_config
 from duality.model.gpt import AC_MODES, COMPILE_MODES
 
+from .checkpoint import FORMATS as CHECKPOINT_FORMATS
 from .guard import MODES as NONFINITE
 from .logger import LOGGER_MODES
 from .optim import SCHEDULES
@@ -181,6 +182,8 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.compile_mode={t.compile_mode!r}; valid choices: {list(COMPILE_MODES)}")
     if t.get("strategy", "ddp") not in STRATEGIES:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
+    if t.get("checkpoint_format", "full") not in CHECKPOINT_FORMATS:
+        raise ConfigError(f"train.checkpoint_format={t.checkpoint_format!r}; valid choices: {list(CHECKPOINT_FORMATS)}")
     if t.get("doc_boundaries") and is_task(cfg.data):
         raise ConfigError(f"train.doc_boundaries packs text documents; data={cfg.data.name} is a synthetic task whose "
                           "examples are already separate sequences: leave it false")

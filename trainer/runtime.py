@@ -180,6 +180,15 @@ class Runtime:
         return {"state": {key[i]: v for i, v in sd["state"].items()},
                 "param_groups": [{**g, "params": [key[i] for i in g["params"]]} for g in sd["param_groups"]]}
 
+    def sharded_state(self, model, optimizer) -> dict:
+        """Model and optimizer state for torch.distributed.checkpoint, the optimizer keyed by parameter name: under
+        FSDP each rank's own shards (nothing gathered), else the whole tensors, which DCP writes once."""
+        if not self.fsdp:
+            return {"model": model.state_dict(), "optimizer": self.optimizer_state(model, optimizer)}
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        return {"model": model_sd, "optimizer": optim_sd}
+
     def load_optimizer_state(self, model, optimizer, sd: dict) -> None:
         if self.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
