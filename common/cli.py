@@ -12,8 +12,32 @@ from .errors import USER_ERRORS, ConfigError, describe_storage, storage_cause
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
-def cli(run_fn, config_name: str):
+HELP = {
+    "config": ("train.py: train a GPT whose token mixer and positional scheme come from the config.\n"
+               "  python train.py backbone=gla pe=selective_rope model=370m data=fineweb\n"
+               "  torchrun --nproc_per_node=8 train.py model=124m data=fineweb"),
+    "eval": ("eval.py: evaluate checkpoints or exports (mode=perplexity | sample | task | lm_eval | position_loss |\n"
+             "kernel | export).\n  python eval.py ckpt=outputs/gla-rope-370m mode=perplexity"),
+    "prepare": "data/prepare.py: prepare a data config's shards ahead of training.\n"
+               "  python data/prepare.py data=fineweb data.sample=sample-10BT data.workers=32",
+}
+FOOTER = "Recipes and every option: README.md and docs/ in the repository."
+
+
+def help_text(what: str, config_name: str) -> str:
+    """--help's parts: the groups of conf/ and their choices (the schemas that validate them left out), and a header
+    and footer that say what the script does."""
+    if what == "GROUPS":
+        return "\n".join(f"{g.name}: {', '.join(sorted(p.stem for p in g.glob('*.yaml')))}"
+                         for g in sorted(CONF.iterdir()) if g.is_dir() and any(g.glob("*.yaml")))
+    return HELP.get(config_name, HELP["config"]) if what == "HEADER" else FOOTER
+
+
+def cli(run_fn, config_name: str, script: str | None = None):
     import hydra
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("duality_help", lambda what: help_text(what, script or config_name), replace=True)
 
     # an absolute path: with the repo pip-installed, Hydra would read a relative config_path as a Python package
     @hydra.main(config_path=str(CONF), config_name=config_name, version_base="1.3")

@@ -20,4 +20,4 @@ def run(cfg):
 if __name__ == "__main__":
     from duality import model  # noqa: F401  (registers the backbone / pe schemas that the config composes)
     from duality.common.cli import cli
-    cli(run, "config")
+    cli(run, "config", script="prepare")

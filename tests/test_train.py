@@ -4,6 +4,7 @@ DDP, sweeps, wandb, and evaluation of the checkpoint."""
 import itertools
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -410,3 +411,17 @@ def test_train_on_fineweb_parquet_and_longcrawl64_layout(tmp_path, data_cache):
                                     "train.global_batch_tokens=512"]))
     with pytest.raises(ShardError, match="12 training windows of 32 tokens, fewer than one global batch of 16"):
         train_lib.run(compose(lc + [f"out_dir={tmp_path / 'e2'}", "train.global_batch_tokens=512"]))
+
+
+@pytest.mark.slow
+def test_help_lists_the_groups_and_choices_without_hydra_internals():
+    for script, head in (("train.py", "train.py: train a GPT"), ("eval.py", "eval.py: evaluate checkpoints"),
+                         ("data/prepare.py", "data/prepare.py: prepare")):
+        r = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith(head), (script, r.stdout[:300], r.stderr[-500:])
+        assert "_schema" not in r.stdout and "powered by Hydra" not in r.stdout
+        listed = r.stdout.split("== Groups (group=choice) ==")[1].split("== Config")[0]
+        groups = dict(line.split(": ", 1) for line in listed.splitlines() if ": " in line)
+        assert "selective_rope" in groups["pe"].split(", ") and "gla" in groups["backbone"].split(", ")
+        assert re.search(r"\n(model:\n|mode: )", r.stdout.split("== Config")[1])  # the composed config follows
+
