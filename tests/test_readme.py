@@ -44,7 +44,7 @@ def overrides(line: str, script: str) -> tuple[list[str], int]:
     args = words[words.index(script) + 1:] if script in words else words[2:]
     picked = []
     for a in args:
-        if a == "-m" or a.startswith("hydra"):
+        if a == "-m" or a.startswith(("hydra", "--")):  # Hydra's own flags (--help, --cfg) and launcher keys
             continue
         key, _, value = a.partition("=")
         if "," in value and not value.startswith(("[", "'[")):
