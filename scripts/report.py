@@ -102,6 +102,21 @@ def longest_table() -> str:
     return "\n".join(lines) + f"\n\n{where}: `{rec['command']}`"
 
 
+def activation_checkpointing_table() -> str:
+    """train.activation_checkpointing's three modes side by side, from the three records of one session."""
+    recs = {mode: load(DOCS / f"memory/ac_{mode}_h100_2026-11-25.json") for mode in ("none", "selective", "full")}
+    cases = [r["case"] for r in recs["none"]["rows"]]
+    lines = ["| train.activation_checkpointing | " + " | ".join(f"{NAMES.get(c, c)}: ms / GiB" for c in cases) + " |",
+             "|---|" + "---:|" * len(cases)]
+    for mode, rec in recs.items():
+        rows = {r["case"]: r for r in rec["rows"]}
+        lines.append(f"| {mode} | " + " | ".join(f"{rows[c]['ms']:.1f} / {rows[c]['peak_mem_gib']:.1f}" for c in cases)
+                     + " |")
+    rec = recs["none"]
+    where = f"{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, 370m, 8 × 4,096 tokens, compiled"
+    return "\n".join(lines) + f"\n\n{where}: `{rec['command']}` (and the same with each mode)"
+
+
 def multi_gpu_table() -> str:
     rec = load(MULTI_GPU)
     f, s = rec["fp32"], rec["scaling"]
@@ -196,6 +211,7 @@ def verdicts_table() -> str:
 
 
 BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": throughput_table,
+          "activation_checkpointing": activation_checkpointing_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table, "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
