@@ -327,6 +327,9 @@ def test_multirun_sweep_and_wandb_offline(tmp_path, data_cache):
                 f"hydra.sweep.dir={tmp_path}/sweep-7f3e", "logger.mode=offline", *args,
                 drop=("WANDB_API_KEY", "WANDB_MODE"))
     assert r.returncode == 0, r.stderr[-3000:]
+    # the console says where the sweep goes and which jobs it launched (Hydra's own lines, no log file)
+    assert f"[hydra] Submitit 'local' sweep output dir : {tmp_path}/sweep-7f3e" in r.stdout
+    assert sum(line.startswith("[hydra] \t#") for line in r.stdout.splitlines()) == 4
     # each job trains in its own folder (no job resumes another's checkpoint), with its own settings and wandb run
     jobs = sorted(p for p in (tmp_path / "sweep-7f3e").iterdir() if p.is_dir() and not p.name.startswith("."))
     assert [j.name for j in jobs] == ["0", "1", "2", "3"]
