@@ -60,9 +60,9 @@ def run(cfg) -> dict:
         rt.prepare(model)
         optimizer = make_optimizer(model, cfg.optim, fused=rt.cuda)
         scheduler = make_schedule(optimizer, cfg.optim, steps)
-        saver = Checkpointer(out_dir, rt, model, optimizer, scheduler, keep=t.keep_checkpoints, last=ckpt_path,
-                             meta={"config": run_cfg, "tokenizer": objective.tokenizer.to_dict(),
-                                   "vocab_size": objective.vocab_size}, format=t.checkpoint_format)
+        meta = {"config": run_cfg, "tokenizer": objective.tokenizer.to_dict(), "vocab_size": objective.vocab_size}
+        saver = Checkpointer(out_dir, rt, model, optimizer, scheduler, meta, t.keep_checkpoints, ckpt_path,
+                             t.checkpoint_format, t.async_checkpoint)
         start = saver.restore(ckpt, cfg.seed)
         if ckpt is not None and ckpt.get("stopped_at_acc") is not None and t.get("stop_acc") is not None:
             steps = start  # it stopped at train.stop_acc: nothing left to train (train.stop_acc=null trains on)

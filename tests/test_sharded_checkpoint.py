@@ -115,3 +115,46 @@ def test_fsdp_writes_shards_from_every_rank_and_resumes_on_another_world_size(tm
     assert r.returncode == 0, r.stderr[-3000:]
     got = losses(one)
     assert sorted(got) == list(range(1, 9)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+
+
+def test_async_saves_publish_later_and_resume_exactly(tmp_path, data_cache):
+    """train.async_checkpoint: training goes on while a save is written; each save is published (renamed, `latest`)
+    by the next one or at the run's end; the checkpoints hold the state of their own step (copied before training
+    went on), so a resume from the middle one is exact."""
+    common = ["train.steps=9", "train.ckpt_interval=3", "optim.warmup=2", "train.keep_checkpoints=0", SHARDED]
+    train_lib.run(compose(tiny_overrides(tmp_path / "sync", data_cache, *common)))
+    train_lib.run(compose(tiny_overrides(tmp_path / "async", data_cache, *common, "train.async_checkpoint=true")))
+    names = sorted(p.name for p in (tmp_path / "async" / "checkpoints").iterdir())
+    assert names == ["latest", "step_0000003", "step_0000006", "step_0000009"]
+    assert (tmp_path / "async" / "checkpoints" / "latest").read_text() == "step_0000009"
+    for step in (3, 6, 9):
+        a = load_checkpoint(tmp_path / f"sync/checkpoints/step_{step:07d}")
+        b = load_checkpoint(tmp_path / f"async/checkpoints/step_{step:07d}")
+        assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items()), step
+    cut_at(tmp_path / "async", 6)
+    train_lib.run(compose(tiny_overrides(tmp_path / "async", data_cache, *common, "train.async_checkpoint=true")))
+    assert losses(tmp_path / "async") == losses(tmp_path / "sync")
+    with pytest.raises(ConfigError, match="train.async_checkpoint=true needs train.checkpoint_format=sharded"):
+        check_config(compose(tiny_overrides(tmp_path, tmp_path, "train.async_checkpoint=true")))
+
+
+@pytest.mark.slow
+def test_async_saves_under_fsdp_on_two_processes(tmp_path, data_cache):
+    """Asynchronous sharded saves under FSDP2 on 2 gloo processes (the writer on a gloo group of its own): the run's
+    losses follow the one-process run's, every save is published, and the middle one resumes in one process."""
+    opts = ("train.steps=8", "train.micro_batch=2", "optim.warmup=2", "train.ckpt_interval=4", SHARDED)
+    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
+    ref = losses(tmp_path / "ref")
+    run = tmp_path / "fsdp"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29551",
+                        "train.py", *tiny_overrides(run, data_cache, *opts, "train.strategy=fsdp",
+                                                    "train.async_checkpoint=true")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_0000004", "step_0000008"]
+    got = losses(run)
+    assert sorted(got) == list(range(1, 9)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+    cut_at(run, 4)
+    train_lib.run(compose(tiny_overrides(run, data_cache, *opts)))
+    got = losses(run)
+    assert sorted(got) == list(range(1, 9)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)

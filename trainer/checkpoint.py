@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -55,30 +56,44 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int) -> Path:
     return path
 
 
-def save_sharded(ckpt_dir: Path, step: int, tensors: dict, meta: dict, keep: int, rt) -> Path:
-    """Every rank writes its part of `tensors` (model and optimizer state) into step_XXXXXXX.tmp/ with
-    torch.distributed.checkpoint (a collective: each FSDP shard by its own rank, a replicated tensor once), rank 0
-    adds meta.pt, renames the folder to step_XXXXXXX and repoints `latest`: a crash leaves a .tmp folder, never a
-    partial checkpoint under a step's name."""
-    import torch.distributed.checkpoint as dcp
-    path = Path(ckpt_dir) / f"step_{step:07d}"
-    tmp = path.with_name(path.name + ".tmp")
-    if rt.master:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    rt.barrier()
-    with warnings.catch_warnings():  # one process: DCP says it assumes so
-        warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable)")
-        dcp.save(tensors, checkpoint_id=tmp, no_dist=not rt.distributed)
-    if rt.master:
-        with atomic_open(tmp / "meta.pt", "wb") as f:
-            torch.save(meta, f)
-        if path.exists():  # the same step written again (a resumed run's last step): the new one wins
-            shutil.rmtree(path)
-        tmp.rename(path)
-        publish(path, keep)
-    rt.barrier()
-    return path
+class ShardedSave:
+    """One sharded checkpoint: every rank writes its part of the model and optimizer state into step_XXXXXXX.tmp/
+    with torch.distributed.checkpoint (a collective: each FSDP shard by its own rank, a replicated tensor once);
+    then finish(): rank 0 adds meta.pt, renames the folder to step_XXXXXXX and repoints `latest`. A crash leaves a
+    .tmp folder, never a partial checkpoint under a step's name. Asynchronous: the state is copied to CPU memory and
+    written by a background thread over a gloo group of its own (the training's collectives go on beside it), and
+    finish() waits for it."""
+
+    def __init__(self, ckpt_dir: Path, step: int, tensors: dict, meta: dict, keep: int, rt,
+                 asynchronous: bool = False, group=None):
+        import torch.distributed.checkpoint as dcp
+        self.path, self.meta, self.keep, self.rt = Path(ckpt_dir) / f"step_{step:07d}", meta, keep, rt
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        if rt.master:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir(parents=True)
+        rt.barrier()
+        with warnings.catch_warnings():  # one process: DCP says it assumes so
+            warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable)")
+            if asynchronous:
+                self.future = dcp.async_save(tensors, checkpoint_id=self.tmp, no_dist=not rt.distributed,
+                                             process_group=group)
+            else:
+                self.future = None
+                dcp.save(tensors, checkpoint_id=self.tmp, no_dist=not rt.distributed)
+
+    def finish(self) -> Path:
+        if self.future is not None:
+            self.future.result()  # raises what the writer raised
+        if self.rt.master:
+            with atomic_open(self.tmp / "meta.pt", "wb") as f:
+                torch.save(self.meta, f)
+            if self.path.exists():  # the same step written again (a resumed run's last step): the new one wins
+                shutil.rmtree(self.path)
+            self.tmp.rename(self.path)
+            publish(self.path, self.keep)
+        self.rt.barrier()
+        return self.path
 
 
 def publish(path: Path, keep: int) -> None:
@@ -370,14 +385,22 @@ def find_resume(cfg, out_dir: Path) -> tuple[Path | None, dict | None]:
 
 
 class Checkpointer:
-    """Writes the training state every train.ckpt_interval steps (rank 0 writes; under FSDP every rank joins the
-    gathering), only ever a finite one: retention then never deletes the last good checkpoint for a bad one."""
+    """Writes the training state every train.ckpt_interval steps (full: rank 0 writes, under FSDP every rank joins
+    the gathering; sharded: every rank writes its part), only ever a finite one: retention then never deletes the
+    last good checkpoint for a bad one. Asynchronous (train.async_checkpoint): a save is published when the next
+    save, or the run's end (Runtime.close), finds it written."""
 
     def __init__(self, out_dir: Path, rt, model, optimizer, scheduler, meta: dict, keep: int, last: Path | None,
-                 format: str = "full"):
+                 format: str = "full", asynchronous: bool = False):
         self.dir, self.rt, self.model = out_dir / "checkpoints", rt, model
         self.optimizer, self.scheduler = optimizer, scheduler
         self.meta, self.keep, self.last_good, self.format = meta, keep, last, format
+        self.asynchronous, self.group, self.pending = asynchronous, None, None
+        if asynchronous:
+            if rt.distributed:  # a gloo group of its own: the writer thread's collectives never meet training's
+                import torch.distributed as dist
+                self.group = dist.new_group(backend="gloo")
+            rt.on_close.append(self.wait)
         self.nonfinite_skipped = 0  # steps train.nonfinite=skip skipped since the run began (trainer/guard.py)
 
     def diverged(self, step: int, what: str) -> NonFinite:
@@ -390,18 +413,37 @@ class Checkpointer:
         rt, opt = self.rt, self.optimizer
         if not rt.all_finite([*self.model.parameters(), *(v for st in opt.state.values() for v in st.values())]):
             raise self.diverged(step, "the weights or optimizer state are not finite")
+        self.wait()
         rngs = rt.gather_objects(rng_state())
         meta = {"step": step, "strategy": "fsdp" if rt.fsdp else "ddp", "scheduler": self.scheduler.state_dict(),
                 "rng": rngs, "world_size": rt.world, "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
                 "nonfinite_skipped": self.nonfinite_skipped, **self.meta}
-        try:
+        with self.storage_errors(step):
             if self.format == "sharded":
-                path = save_sharded(self.dir, step, rt.sharded_state(self.model, opt), meta, self.keep, rt)
-            else:
-                model_sd, optim_sd = rt.model_state(self.model), rt.optimizer_state(self.model, opt)
-                path = self.dir / f"step_{step:07d}.pt"
-                if rt.master:
-                    save_checkpoint(self.dir, step, {**meta, "model": model_sd, "optimizer": optim_sd}, self.keep)
+                save = ShardedSave(self.dir, step, rt.sharded_state(self.model, opt), meta, self.keep, rt,
+                                   self.asynchronous, self.group)
+                if self.asynchronous:
+                    self.pending = save
+                    return
+                self.last_good = save.finish()
+                return
+            model_sd, optim_sd = rt.model_state(self.model), rt.optimizer_state(self.model, opt)
+            if rt.master:
+                save_checkpoint(self.dir, step, {**meta, "model": model_sd, "optimizer": optim_sd}, self.keep)
+        self.last_good = self.dir / f"step_{step:07d}.pt"
+
+    def wait(self) -> None:
+        """Publish the asynchronous save in flight, once written (a no-op when none is)."""
+        if self.pending is not None:
+            save, self.pending = self.pending, None
+            with self.storage_errors(int(save.path.name[5:])):
+                self.last_good = save.finish()
+
+    @contextmanager
+    def storage_errors(self, step: int):
+        """A full disk or a place that cannot be written: one StorageError naming the last good checkpoint."""
+        try:
+            yield
         except (OSError, RuntimeError) as e:
             if (cause := storage_cause(e)) is None:
                 raise
@@ -409,7 +451,6 @@ class Checkpointer:
             raise StorageError(f"step {step}: checkpoint not written: {describe_storage(cause)}. The last good "
                                f"checkpoint is {good or 'none'}" + (" (resume=auto continues from it)" if good
                                                                     else "")) from e
-        self.last_good = path
 
     def restore(self, ckpt: dict, seed: int) -> int:
         """Optimizer, schedule and RNG streams of `ckpt` (None: fresh streams from seed); returns the start step."""

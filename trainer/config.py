@@ -184,6 +184,9 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("checkpoint_format", "full") not in CHECKPOINT_FORMATS:
         raise ConfigError(f"train.checkpoint_format={t.checkpoint_format!r}; valid choices: {list(CHECKPOINT_FORMATS)}")
+    if t.get("async_checkpoint") and t.get("checkpoint_format", "full") != "sharded":
+        raise ConfigError("train.async_checkpoint=true needs train.checkpoint_format=sharded (a full checkpoint is "
+                          "gathered to rank 0 and written at once)")
     if t.get("doc_boundaries") and is_task(cfg.data):
         raise ConfigError(f"train.doc_boundaries packs text documents; data={cfg.data.name} is a synthetic task whose "
                           "examples are already separate sequences: leave it false")

@@ -43,6 +43,7 @@ class Runtime:
         process group."""
         t = cfg.train
         rt = cls()
+        rt.on_close = []
         rt.distributed = cls.world_size() > 1
         if rt.distributed:
             rt.rank, rt.world, rt.local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
@@ -119,6 +120,8 @@ class Runtime:
         collective's tensors needs the GIL (a deadlock seen on loaded CPU machines). no_sync is DDP's bound method:
         it holds the wrapper too."""
         self.no_sync = None
+        for hook in self.on_close:  # e.g. an asynchronous checkpoint still being written: wait and publish it
+            hook()
         if self.cuda:
             import duality.kernels.tuned_configs as tc
             tc.dump_requested(f"{os.getpid()}-rank{self.rank}")
