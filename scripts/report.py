@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_train  # noqa: E402  (the benchmark's own table functions)
 import official_ab  # noqa: E402
+import seed_spread  # noqa: E402
 
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("*/README.md"))]
@@ -139,6 +140,22 @@ def official_ab_table() -> str:
     return official_ab.table(load(OFFICIAL_AB))
 
 
+MQAR_GRID = ["1e-3", "2.2e-3", "4.6e-3", "1e-2", "2.2e-2", "4.6e-2"]
+
+
+def mqar_seeds_table() -> str:
+    """MQAR at d_model 64: each seed scored at its best learning rate of the grid, and each scheme's difference from
+    NoPE seed by seed (seed_spread.py's tables, the best-lr rows)."""
+    paths = sorted(DOCS.glob("synthetic/mqar_d64_*.json"))
+    scores = {k: v for k, v in seed_spread.load(paths).items() if re.search("mqar256x16|mqar128x8", k[0])}
+    text = seed_spread.report(seed_spread.with_best_lr(scores, MQAR_GRID), "nope")
+    keep = [line for line in text.splitlines() if not line.startswith("| d64") or "| best lr |" in line]
+    recs = [load(p) for p in paths]
+    dates = sorted({r["date"] for r in recs})
+    return "\n".join(keep) + (f"\n\n{short_device(recs[0]['device'])}, {' and '.join(dates)}; records "
+                              f"{', '.join(p.name for p in paths)}; the grid: {', '.join(MQAR_GRID)}")
+
+
 def fsdp_1_3b() -> tuple[float, float, float]:
     """(speedup of 2 GPUs over 1, GiB a GPU on 2, on 1) of the 1.3B FSDP2 record: the median of each run's rows."""
     runs = load(FSDP_1_3B)["runs"]
@@ -211,7 +228,7 @@ def verdicts_table() -> str:
 
 
 BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": throughput_table,
-          "activation_checkpointing": activation_checkpointing_table,
+          "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table, "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
