@@ -54,7 +54,7 @@ def run(cfg) -> dict:
         run_cfg["model"]["head"] = head  # the head it is built with: a checkpoint rebuilds the same model
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.backbone, cfg.pe, run_cfg["model"], objective.vocab_size).to(rt.device)
-        if ckpt is not None:  # into the whole model, before FSDP shards it
+        if ckpt is not None and "model" in ckpt:  # into the whole model, before FSDP shards it (sharded: restore)
             load_weights(model, ckpt["model"], ckpt_path)
         model.set_activation_checkpointing(t.activation_checkpointing, t.compile, t.compile_mode)  # pre-compile, FSDP
         rt.prepare(model)

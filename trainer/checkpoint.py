@@ -7,7 +7,7 @@ world_size, strategy, config (the run's resolved config, model.head as built), t
 stopped_at_acc, nonfinite_skipped (steps train.nonfinite=skip skipped). train.checkpoint_format says how it is
 written: `full`, one torch.save file step_XXXXXXX.pt, the state gathered to rank 0; `sharded`, a folder step_XXXXXXX/
 that torch.distributed.checkpoint writes from every rank at once (each its own FSDP shards, no gathering), the rest
-in its meta.pt. Either is read back whole, on any world size and strategy.
+in its meta.pt, read back on any world size and strategy (a resume: each rank what its own shards need).
 """
 
 from __future__ import annotations
@@ -174,18 +174,19 @@ def read_export(folder: Path) -> dict:
             "vocab_size": hf["vocab_size"], "export": str(folder)}
 
 
-def resolve_checkpoint(path: Path) -> tuple[Path | None, dict | None]:
+def resolve_checkpoint(path: Path, tensors: bool = True) -> tuple[Path | None, dict | None]:
     """The newest readable checkpoint of a run folder, checkpoints/ folder, `latest` file, checkpoint file or
-    transformers export, and its contents. A newest checkpoint that cannot be read (a truncated copy, a full disk) is
-    skipped with a warning that names it; an error only when none can be read."""
+    transformers export, and its contents (tensors=False: a sharded one's meta.pt only, its tensors left for
+    Checkpointer.restore to read into the run's own layout). A newest checkpoint that cannot be read (a truncated
+    copy, a full disk) is skipped with a warning that names it; an error only when none can be read."""
     if (folder := export_folder(path)) is not None:
         return folder / "model.safetensors", read_export(folder)
     if (path.is_file() and path.name != "latest") or is_sharded(path):
-        return path, load_checkpoint(path)
+        return path, load_checkpoint(path, tensors)
     errors = []
     for cand in checkpoint_candidates(path):
         try:
-            ckpt = load_checkpoint(cand)
+            ckpt = load_checkpoint(cand, tensors)
         except ConfigError as e:
             errors.append(str(e))
             print(f"warning: skipping {cand}: {e}", file=sys.stderr)
@@ -196,12 +197,16 @@ def resolve_checkpoint(path: Path) -> tuple[Path | None, dict | None]:
     return None, None
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path, tensors: bool = True) -> dict:
     try:
-        ckpt = load_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
+        if path.is_dir() and not tensors:  # the run reads the shards itself, into its own layout
+            ckpt = {**torch.load(path / "meta.pt", map_location="cpu", weights_only=False), "sharded": str(path)}
+        else:
+            ckpt = load_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
         raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
-    missing = {"step", "model", "config", "tokenizer"} - set(ckpt) if isinstance(ckpt, dict) else {"everything"}
+    need = {"step", "config", "tokenizer"} | ({"model"} if "sharded" not in ckpt else set())
+    missing = need - set(ckpt) if isinstance(ckpt, dict) else {"everything"}
     if missing:
         raise ConfigError(f"{path} is not a checkpoint of this repo (missing {sorted(missing)})")
     return ckpt
@@ -371,14 +376,14 @@ def find_resume(cfg, out_dir: Path) -> tuple[Path | None, dict | None]:
     a path: that checkpoint. Checked against this run's config, before any data is prepared."""
     path, ckpt = None, None
     if str(cfg.resume) == "auto":
-        path, ckpt = resolve_checkpoint(out_dir)
+        path, ckpt = resolve_checkpoint(out_dir, tensors=False)
     elif str(cfg.resume) == "never":
         if checkpoint_candidates(out_dir):
             raise ConfigError(f"{out_dir} already holds checkpoints and resume=never; use resume=auto or another "
                               "out_dir")
     else:
         path = Path(str(cfg.resume))
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, tensors=False)
     if ckpt is not None:
         check_resume_compatible(ckpt["config"], cfg)
     return path, ckpt
@@ -439,6 +444,23 @@ class Checkpointer:
             with self.storage_errors(int(save.path.name[5:])):
                 self.last_good = save.finish()
 
+    def load_sharded(self, folder: Path) -> None:
+        """A sharded checkpoint's model and optimizer state straight into this run's layout: every rank reads what
+        its own tensors need (its FSDP shards, or the whole tensors under DDP), whatever world size and strategy
+        wrote it; nothing is assembled whole in one place."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # the templates: this run's own layout
+        state = {"model": model_sd, "optimizer": optim_sd}
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable)")
+                dcp.load(state, checkpoint_id=folder, no_dist=not self.rt.distributed)
+        except Exception as e:  # a parameter the checkpoint lacks: written by another version of a mixer
+            raise ConfigError(f"{folder}: its state does not fit this code's model and optimizer (written by another "
+                              f"version?): {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
     @contextmanager
     def storage_errors(self, step: int):
         """A full disk or a place that cannot be written: one StorageError naming the last good checkpoint."""
@@ -457,7 +479,10 @@ class Checkpointer:
         rt = self.rt
         if ckpt is not None:
             self.nonfinite_skipped = ckpt.get("nonfinite_skipped", 0)
-            rt.load_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
+            if "sharded" in ckpt:
+                self.load_sharded(Path(ckpt["sharded"]))
+            else:
+                rt.load_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
             self.scheduler.load_state_dict(ckpt["scheduler"])
             if ckpt["world_size"] == rt.world:
                 set_rng_state(ckpt["rng"][rt.rank])
