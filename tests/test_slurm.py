@@ -35,25 +35,33 @@ def test_only_a_step_that_srun_started_is_adopted():
     assert torchrun["RANK"] == "0" and torchrun["WORLD_SIZE"] == "8"
 
 
-@pytest.mark.slow
-def test_two_slurm_tasks_train_as_one_ddp_run(tmp_path, data_cache):
+def two_processes_train_as_one(tmp_path, data_cache, launch) -> list[str]:
+    """Start the two processes `launch(port, overrides)` gives ([(command, environment)] for a free port), wait for
+    both, and check that they made one DDP run whose losses follow the one-process run's; returns their stdout."""
     opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2")
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in SLURM}
-    procs = [subprocess.Popen([sys.executable, "train.py", *tiny_overrides(tmp_path / "srun", data_cache, *opts)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_STEP_NUM_TASKS": "2",
-                                   "SLURM_STEP_NODELIST": "localhost", "MASTER_PORT": str(port)})
-             for r in range(2)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, **extra})
+             for cmd, extra in launch(port, tiny_overrides(tmp_path / "two", data_cache, *opts))]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    assert "world 2 (DDP)" in outs[0][0]
     ref = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "ref") if "loss" in r}
-    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "srun") if "loss" in r}
+    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "two") if "loss" in r}
     assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+    return [out for out, _ in outs]
+
+
+@pytest.mark.slow
+def test_two_slurm_tasks_train_as_one_ddp_run(tmp_path, data_cache):
+    outs = two_processes_train_as_one(tmp_path, data_cache, lambda port, args: [
+        ([sys.executable, "train.py", *args], {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r),
+                                               "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
+                                               "MASTER_PORT": str(port)}) for r in range(2)])
+    assert "world 2 (DDP)" in outs[0]
 
 
 @pytest.mark.slow
@@ -77,20 +85,7 @@ def test_torchrun_adapts_the_default_batch_and_says_a_config_error_once(tmp_path
 def test_two_torchrun_nodes_rendezvous_and_train_as_one_run(tmp_path, data_cache):
     """The README's several-nodes recipe, as two "nodes" on one host: two torchrun launchers (--nnodes=2, one process
     each, c10d rendezvous at the head's address) make one DDP run whose losses follow the one-process run's."""
-    opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2")
-    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in SLURM}
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-                               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes",
-                               "train.py", *tiny_overrides(tmp_path / "nodes", data_cache, *opts)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    assert sum("world 2 (DDP)" in out for out, _ in outs) == 1  # rank 0 of the two nodes prints the plan
-    ref = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "ref") if "loss" in r}
-    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "nodes") if "loss" in r}
-    assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+    outs = two_processes_train_as_one(tmp_path, data_cache, lambda port, args: [
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+          f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes", "train.py", *args], {}) for _ in range(2)])
+    assert sum("world 2 (DDP)" in out for out in outs) == 1  # rank 0 of the two nodes prints the plan
