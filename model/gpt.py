@@ -215,12 +215,18 @@ class GPT(nn.Module):
             if hasattr(m, "init_extra"):
                 m.init_extra()
 
-    def forward(self, idx, targets=None, cache: Cache | None = None, cu_seqlens=None):
+    def forward(self, idx, targets=None, cache: Cache | None = None, cu_seqlens=None, cp_group=None):
         """idx [B, T] -> (logits [B, T, V], loss or None). Targets of -1 are ignored by the loss. With fused_loss the
         loss comes without logits (None). cu_seqlens [N + 1]: idx [1, T] packs N documents (boundaries at
-        cu_seqlens), and no token sees another document's (data/shards.py, pack_documents)."""
+        cu_seqlens), and no token sees another document's (data/shards.py, pack_documents). cp_group: idx is this
+        rank's slice of longer sequences split in equal slices over the group's ranks, in rank order (context
+        parallelism; the recurrences hand their state over, kernels/recurrences/cp.py)."""
         x = self.wte(idx)
         offset = 0 if cache is None else cache.offset
+        if cp_group is not None:
+            import torch.distributed as dist
+            self.check_context_parallel()
+            offset = dist.get_rank(cp_group) * idx.shape[1]
         if self.abs_pe is not None:
             if cu_seqlens is None:
                 x = self.abs_pe.embed(x, Context(offset))
@@ -230,7 +236,7 @@ class GPT(nn.Module):
             x = F.dropout(x, self.cfg.embed_dropout, self.training)
         x = self.embed_norm(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, Context(offset, cu_seqlens, None if cache is None else cache.layers[i]))
+            x = block(x, Context(offset, cu_seqlens, None if cache is None else cache.layers[i], cp_group))
         if cache is not None:
             cache.offset += idx.shape[1]
         if self.decoder is not None:
@@ -248,6 +254,16 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def check_context_parallel(self) -> None:
+        """Every mixer and scheme of this model has a context-parallel form, or a ValueError names those without."""
+        parts = [b.mixer for b in self.blocks] + [b.mixer.pe for b in self.blocks if b.mixer.pe is not None]
+        missing = sorted({type(m).__name__ for m in parts + ([self.abs_pe] if self.abs_pe is not None else [])
+                          if not m.context_parallel} | ({"head=compress"} if self.decoder is not None else set()))
+        if missing:
+            raise ValueError(f"no context-parallel form yet for {missing}; those with one: GLA, linear attention, "
+                             "RetNet and Mamba2 without short convolutions, with NoPE, RoPE, sinusoidal or learned "
+                             "positions")
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

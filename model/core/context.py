@@ -42,11 +42,14 @@ class LayerState:
 
 @dataclass(frozen=True)
 class Context:
-    """offset: absolute position of the first token (decoding continues at the tokens seen so far); cu_seqlens:
-    the row packs documents with these boundaries (positions restart at each); state: None in training."""
+    """offset: absolute position of the first token (decoding continues at the tokens seen so far; under context
+    parallelism, where this rank's slice starts); cu_seqlens: the row packs documents with these boundaries
+    (positions restart at each); state: None in training; cp_group: the process group over which the sequence is
+    split (None: the whole sequence is here)."""
     offset: int = 0
     cu_seqlens: torch.Tensor | None = None
     state: LayerState | None = None
+    cp_group: object = None
 
     def positions(self, T: int) -> torch.Tensor | None:
         """Each token's position within its document when packed, else None (positions offset .. offset+T-1)."""

@@ -23,8 +23,13 @@ import torch
 from torch import nn
 
 from duality.kernels.attention import cumulative_log_decay, decayed_attention
+from duality.kernels.recurrences import gated
+from duality.kernels.recurrences.cp import gated_cp
 
 from ..core.context import TRAINING, Context
+
+# the recurrences that run on a sequence split across ranks (kernels/recurrences/cp.py), by their whole-sequence form
+CONTEXT_PARALLEL = {gated: gated_cp}
 
 REGISTRY: dict[str, type["Mixer"]] = {}
 
@@ -42,6 +47,7 @@ class Mixer(nn.Module):
     pe_kinds: tuple[str, ...] = ("none",)
     softmax: bool = False  # scores go through a softmax (Selective RoPE then L2-normalises q for its angles)
     packable: bool = False  # forward(x, ctx) takes ctx.cu_seqlens in its kernels (with a scheme that is packable too)
+    context_parallel: bool = False  # forward(x, ctx) with ctx.cp_group: a slice of the sequence (kernels/.../cp.py)
 
     def __init__(self, d_model: int, n_heads: int, pe=None):
         super().__init__()
@@ -92,6 +98,12 @@ class Mixer(nn.Module):
         training (parallel, no state; packed documents with cu_seqlens), decoding (one recurrent step from the
         state S), prefill (parallel form continuing from and returning S)."""
         state = ctx.state
+        if ctx.cp_group is not None:  # this rank holds one slice of the sequence: the state is handed over
+            if parallel not in CONTEXT_PARALLEL or ctx.cu_seqlens is not None:
+                raise ValueError(f"no context-parallel form of {parallel.__name__}"
+                                 f"{' with packed documents' if ctx.cu_seqlens is not None else ''}; those with one: "
+                                 f"{sorted(f.__name__ for f in CONTEXT_PARALLEL)}")
+            return CONTEXT_PARALLEL[parallel](*args, group=ctx.cp_group)
         if state is None:
             return parallel(*args, cu_seqlens=ctx.cu_seqlens)[0] if ctx.cu_seqlens is not None else parallel(*args)[0]
         if args[0].shape[1] == 1:

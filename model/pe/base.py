@@ -44,6 +44,7 @@ class PositionalScheme(nn.Module):
     kind: str = "none"
     name: str = "?"
     packable: bool = True
+    context_parallel: bool = False  # right on a slice of the sequence that starts at ctx.offset
     max_positions: int | None = None  # positions it can represent (None: any)
 
     def __init__(self, dims: Dims):

@@ -10,6 +10,7 @@ from .base import PositionalScheme, register
 
 @register("learned")
 class Learned(PositionalScheme):
+    context_parallel = True  # positions from ctx.offset
     kind = "absolute"
 
     def __init__(self, dims, *, init_std: float = 0.02):

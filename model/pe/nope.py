@@ -5,4 +5,5 @@ from .base import PositionalScheme, register
 
 @register("nope")
 class NoPE(PositionalScheme):
+    context_parallel = True  # positions from ctx.offset
     kind = "none"

@@ -14,6 +14,7 @@ from .base import PositionalScheme, register
 
 @register("rope")
 class RoPE(PositionalScheme):
+    context_parallel = True  # positions from ctx.offset
     kind = "rotary"
 
     def __init__(self, dims, *, base: float = 10000.0):

@@ -19,6 +19,7 @@ def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> 
 
 @register("sinusoidal")
 class Sinusoidal(PositionalScheme):
+    context_parallel = True  # positions from ctx.offset
     kind = "absolute"
 
     def __init__(self, dims, *, base: float = 10000.0):

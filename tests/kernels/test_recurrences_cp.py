@@ -50,3 +50,58 @@ def test_split_sequence_equals_the_whole(tmp_path, world, T, scalar_gate):
     for name, x in zip("qkvg", (q, k, v, g)):
         torch.testing.assert_close(torch.cat([p[name] for p in parts], 1), x.grad, rtol=1e-10, atol=1e-10,
                                    msg=lambda m, n=name: f"d{n}: {m}")
+
+
+MODELS = [("gla", "rope"), ("retnet", "nope"), ("linear_attn", "sinusoidal")]
+SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 48}
+
+
+def model_rank_main(rank: int, world: int, port: int, backbone: str, pe: str, out: str):
+    from duality.model import build_model
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = build_model({"name": backbone}, {"name": pe}, SIZE, 64).double()
+        idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
+        n = 48 // world
+        part = slice(rank * n, (rank + 1) * n)
+        _, loss = model(idx[:, :48][:, part], idx[:, 1:][:, part], cp_group=dist.group.WORLD)
+        loss.backward()
+        torch.save({"loss": loss.detach(), "grads": {k: p.grad for k, p in model.named_parameters()}}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone, pe", MODELS)
+def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe):
+    """The trunk with cp_group: each rank's loss over its slice, averaged over ranks (equal slices), and each
+    parameter's gradient, averaged as DDP would, equal the whole sequence's in one process (a float64 model whose
+    loss the trunk takes in float32, hence 1e-5; 2 ranks for GLA, 4 for the others)."""
+    from duality.model import build_model
+    world = 2 if backbone == "gla" else 4
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(model_rank_main, args=(world, port, backbone, pe, str(tmp_path / "m")), nprocs=world, join=True)
+    torch.manual_seed(0)
+    model = build_model({"name": backbone}, {"name": pe}, SIZE, 64).double()
+    idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
+    _, loss = model(idx[:, :48], idx[:, 1:])
+    loss.backward()
+    parts = [torch.load(tmp_path / f"m.{r}") for r in range(world)]
+    torch.testing.assert_close(sum(p["loss"] for p in parts) / world, loss.detach(), rtol=1e-6, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(sum(q["grads"][name] for q in parts) / world, p.grad, rtol=1e-5, atol=1e-7,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_model_without_a_context_parallel_form_is_refused():
+    from duality.model import build_model
+    for backbone, pe, options in (("transformer", "rope", {}), ("gla", "selective_rope", {}),
+                                  ("gla", "rope", {"short_conv": True})):
+        model = build_model({"name": backbone, **options}, {"name": pe}, SIZE, 64)
+        with pytest.raises(ValueError, match="no context-parallel form yet for .*those with one: GLA"):
+            model.check_context_parallel()
+    build_model({"name": "gla"}, {"name": "rope"}, SIZE, 64).check_context_parallel()  # has one: no error
