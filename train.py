@@ -48,7 +48,7 @@ def run(cfg) -> dict:
 
         objective = objectives.build(cfg, rt, plan["grad_accum"])
         steps = plan["steps"] or objective.steps_for_epochs(t.epochs)
-        batch_tokens = t.micro_batch * plan["grad_accum"] * rt.world * objective.seq_len
+        batch_tokens = t.micro_batch * plan["grad_accum"] * rt.data_world * objective.seq_len
         head = objective.head if cfg.model.head == "auto" else cfg.model.head
         run_cfg = OmegaConf.to_container(cfg, resolve=True)
         run_cfg["model"]["head"] = head  # the head it is built with: a checkpoint rebuilds the same model

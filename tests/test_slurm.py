@@ -89,3 +89,38 @@ def test_two_torchrun_nodes_rendezvous_and_train_as_one_run(tmp_path, data_cache
         ([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
           f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes", "train.py", *args], {}) for _ in range(2)])
     assert sum("world 2 (DDP)" in out for out in outs) == 1  # rank 0 of the two nodes prints the plan
+
+
+@pytest.mark.slow
+def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache):
+    """train.context_parallel=2 under torchrun: two ranks split every sequence of GLA + RoPE (each its half, the
+    recurrence's state handed over) and train as the one-process run does, loss for loss."""
+    opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2", "backbone=gla", "pe=rope")
+    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29557",
+                        "train.py", *tiny_overrides(tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "world 2 (DDP), sequences split over 2" in r.stdout
+    ref = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "ref") if "loss" in r}
+    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "cp") if "loss" in r}
+    assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29559",
+                        "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2",
+                                                    "train.context_parallel=2")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and r.stderr.count("error: train.context_parallel=2: no context-parallel form yet for "
+                                                "['SoftmaxAttention']") == 1, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("extra, world, message", [
+    (["train.context_parallel=2"], 3, r"the world size \(3\) is not a multiple of it"),
+    (["train.context_parallel=2", "model.seq_len=33"], 2, "model.seq_len=33 does not split into 2 equal slices"),
+    (["train.context_parallel=2", "train.strategy=fsdp"], 2, "beside DDP only"),
+    (["train.context_parallel=0"], 2, "an integer >= 1"),
+])
+def test_context_parallel_settings_are_checked(tmp_path, extra, world, message):
+    from duality.model import ConfigError
+    from duality.trainer.config import check_config
+    with pytest.raises(ConfigError, match=message):
+        check_config(compose(tiny_overrides(tmp_path, tmp_path, *extra)), world)

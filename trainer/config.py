@@ -94,6 +94,23 @@ def check_data_ranges(data) -> None:
         raise ConfigError(f"data.frac_noise={frac!r}: a number in [0, 1)")
 
 
+def check_context_parallel(cfg, world: int) -> int:
+    """train.context_parallel: how many ranks split each sequence (1: none), checked against the world and the run."""
+    t, cp = cfg.train, cfg.train.get("context_parallel", 1)
+    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
+        raise ConfigError(f"train.context_parallel={cp!r}: an integer >= 1")
+    if cp == 1:
+        return 1
+    why = [f"the world size ({world}) is not a multiple of it" if world % cp else "",
+           f"model.seq_len={cfg.model.seq_len} does not split into {cp} equal slices" if cfg.model.seq_len % cp else "",
+           "synthetic tasks are not split yet" if is_task(cfg.data) else "",
+           "train.doc_boundaries is not split yet" if t.get("doc_boundaries") else "",
+           "it runs beside DDP only (train.strategy=ddp) for now" if t.get("strategy", "ddp") != "ddp" else ""]
+    if any(why):
+        raise ConfigError(f"train.context_parallel={cp}: " + "; ".join(w for w in why if w))
+    return cp
+
+
 def check_config(cfg, world: int = 1) -> dict:
     """Everything that can be checked before any work; returns derived numbers (steps, grad_accum)."""
     t, o = cfg.train, cfg.optim
@@ -123,6 +140,7 @@ def check_config(cfg, world: int = 1) -> dict:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)
     check_model_config(dict(cfg.backbone), dict(cfg.pe), dict(cfg.model))
     seq = cfg.model.seq_len
+    world = world // check_context_parallel(cfg, world)  # the ranks that see different sequences
     if t.get("batch_size"):  # in sequences (synthetic tasks); global_batch_tokens is then derived
         per_micro = t.micro_batch * world
         if t.batch_size % per_micro:

@@ -40,13 +40,13 @@ class Objective:
     def setup(self, accum: int) -> None:
         """Batching over ranks, after the data exists: at least one global batch of windows."""
         t, rt, self.accum = self.t, self.rt, accum
-        global_seqs = t.micro_batch * accum * rt.world
+        global_seqs = t.micro_batch * accum * rt.data_world
         if len(self.train_windows) < global_seqs:
             raise ShardError(
                 f"data={self.name} has {len(self.train_windows):,} training windows of {self.seq_len} tokens, fewer "
                 f"than one global batch of {global_seqs:,} sequences: lower train.global_batch_tokens (or batch_size)"
                 " or add data")
-        self.batches = data_lib.TrainBatches(self.train_windows, t.micro_batch, accum, rt.rank, rt.world)
+        self.batches = data_lib.TrainBatches(self.train_windows, t.micro_batch, accum, rt.data_rank, rt.data_world)
 
     def micro_batches(self, step: int):
         """The accum micro-batches (x, y[, cu_seqlens]) of this rank at `step`, on the device."""
@@ -54,12 +54,17 @@ class Objective:
             batch = self.batches.get(step, micro)
             if self.doc_boundaries:  # boundaries found on the host: no sync
                 batch = data_lib.pack_documents(*batch, self.tokenizer.eot_id)
+            if self.rt.cp > 1:  # this rank's slice of every sequence (train.context_parallel)
+                n = batch[0].shape[1] // self.rt.cp
+                batch = [b[:, self.rt.rank % self.rt.cp * n:][:, :n] for b in batch]
             if self.rt.cuda:  # from pinned memory the copy is asynchronous: the host runs ahead of the GPU
                 batch = [b.pin_memory() for b in batch]
-            yield tuple(b.to(self.rt.device, non_blocking=True) for b in batch)
+            batch = tuple(b.to(self.rt.device, non_blocking=True) for b in batch)
+            yield (*batch, {"cp_group": self.rt.cp_group}) if self.rt.cp > 1 else batch
 
     def steps_for_epochs(self, epochs: float) -> int:
-        return max(1, math.ceil(epochs * len(self.train_windows) / (self.t.micro_batch * self.accum * self.rt.world)))
+        per_step = self.t.micro_batch * self.accum * self.rt.data_world
+        return max(1, math.ceil(epochs * len(self.train_windows) / per_step))
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -98,8 +103,8 @@ class Text(Objective):
 
     def evaluate(self, model):
         rt = self.rt
-        val = validation_loss(model, self.val_windows, self.n_val, self.t.micro_batch, rt.device, rt.autocast, rt.rank,
-                              rt.world, self.tokenizer.eot_id if self.doc_boundaries else None)
+        val = validation_loss(model, self.val_windows, self.n_val, self.t.micro_batch, rt.device, rt.autocast,
+                              rt.data_rank, rt.data_world, self.tokenizer.eot_id if self.doc_boundaries else None)
         ppl = math.exp(min(val, 50))
         return {"val_loss": val}, {"val_loss": val, "val_ppl": ppl}, f"val loss {val:.4f} | val ppl {ppl:.2f}"
 

@@ -52,10 +52,11 @@ def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, aut
     stepped: `guard(loss, grad_norm) -> bool` decides that, with the gradients still in place (trainer/guard.py);
     without a guard nothing here waits for the GPU."""
     loss_sum = 0.0
-    for micro, (x, y, *cu) in enumerate(micro_batches):  # (x, y) or (x, y, cu_seqlens)
+    for micro, (x, y, *extra) in enumerate(micro_batches):  # (x, y), (x, y, cu_seqlens) or (x, y, {model kwargs})
         sync = skip_sync() if skip_sync is not None and micro < accum - 1 else nullcontext()
+        kw = (extra[0] if isinstance(extra[0], dict) else {"cu_seqlens": extra[0]}) if extra else {}
         with sync, autocast, training_backends():
-            _, loss = train_model(x, y, cu_seqlens=cu[0]) if cu else train_model(x, y)
+            _, loss = train_model(x, y, **kw)
         (loss / accum).backward()
         loss_sum = loss_sum + loss.detach() / accum
     # grad_clip null: the norm is still computed (for the log and the non-finite check), nothing is clipped

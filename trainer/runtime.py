@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from duality.common.errors import ConfigError
+
 from duality.model.gpt import compile_fn
 
 
@@ -29,6 +31,8 @@ class Runtime:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    cp: int = 1  # train.context_parallel: ranks that split each sequence (consecutive ranks, one group)
+    cp_group: object = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     distributed: bool = False
     fsdp: bool = False
@@ -57,7 +61,21 @@ class Runtime:
                 torch.cuda.set_device(rt.device)
             # device_id binds NCCL to this rank's GPU (else every barrier warns that it guesses the device)
             dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=rt.device if cuda else None)
+            rt.cp = t.get("context_parallel", 1)
+            for first in range(0, rt.world, rt.cp) if rt.cp > 1 else ():  # every rank makes every group
+                group = dist.new_group(list(range(first, first + rt.cp)))
+                if first <= rt.rank < first + rt.cp:
+                    rt.cp_group = group
         return rt
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's place among the ranks that see different sequences (a context-parallel group shares one)."""
+        return self.rank // self.cp
+
+    @property
+    def data_world(self) -> int:
+        return self.world // self.cp
 
     @staticmethod
     def world_size() -> int:
@@ -78,7 +96,8 @@ class Runtime:
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
 
     def describe(self) -> str:
-        return (f"world {self.world}{' (FSDP)' if self.fsdp else ' (DDP)' if self.distributed else ''}; device "
+        split = f", sequences split over {self.cp}" if self.cp > 1 else ""
+        return (f"world {self.world}{' (FSDP)' if self.fsdp else ' (DDP)' if self.distributed else ''}{split}; device "
                 f"{self.device}, {'bf16 autocast' if self.bf16 else 'fp32'}")
 
     # -------------------------------------------------------------------------------------------- wrapping
@@ -87,6 +106,11 @@ class Runtime:
         to bf16 (parameters, so gradients and AdamW state, and buffers). train.strategy=fsdp: FSDP2 shards each
         block, then the rest (embeddings, head), over all ranks; parameters become DTensors and are gathered one block
         at a time in forward and backward."""
+        if self.cp > 1:
+            try:
+                model.check_context_parallel()
+            except ValueError as e:
+                raise ConfigError(f"train.context_parallel={self.cp}: {e}") from None
         if self.bf16_weights:
             model.to(torch.bfloat16)
         if not self.fsdp:

@@ -21,7 +21,7 @@ varlen kernels on CUDA, the reference per document elsewhere.
     reference.py   the recurrent and chunked forms, from the equations
     fla.py         flash-linear-attention's chunked kernels
     cp.py          context parallelism: the gated recurrence over a sequence split across ranks (the state handed
-                   over in one all_gather); not yet wired into the trunk (train.context_parallel)
+                   over in one all_gather; train.context_parallel)
 """
 
 from __future__ import annotations
