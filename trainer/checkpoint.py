@@ -30,6 +30,16 @@ from duality.common.errors import ConfigError, NonFinite, StorageError, describe
 from duality.common.io import atomic_open, pid_alive, write_atomic
 
 
+@contextmanager
+def one_process_quiet():
+    """torch.distributed.checkpoint without a process group says, on every save and load, that it assumes one
+    process: said once here (an asynchronous save's writer thread still says it; no block around the call reaches
+    a thread)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
+        yield
+
+
 def rng_state():
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -67,14 +77,14 @@ class ShardedSave:
     def __init__(self, ckpt_dir: Path, step: int, tensors: dict, meta: dict, keep: int, rt,
                  asynchronous: bool = False, group=None):
         import torch.distributed.checkpoint as dcp
-        self.path, self.meta, self.keep, self.rt = Path(ckpt_dir) / f"step_{step:07d}", meta, keep, rt
+        self.step, self.meta, self.keep, self.rt = step, meta, keep, rt
+        self.path = Path(ckpt_dir) / f"step_{step:07d}"
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         if rt.master:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp.mkdir(parents=True)
         rt.barrier()
-        with warnings.catch_warnings():  # one process: DCP says it assumes so
-            warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable)")
+        with one_process_quiet():
             if asynchronous:
                 self.future = dcp.async_save(tensors, checkpoint_id=self.tmp, no_dist=not rt.distributed,
                                              process_group=group)
@@ -202,7 +212,7 @@ def load_checkpoint(path: Path, tensors: bool = True) -> dict:
         if path.is_dir() and not tensors:  # the run reads the shards itself, into its own layout
             ckpt = {**torch.load(path / "meta.pt", map_location="cpu", weights_only=False), "sharded": str(path)}
         else:
-            ckpt = load_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
+            ckpt = read_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
         raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
     need = {"step", "config", "tokenizer"} | ({"model"} if "sharded" not in ckpt else set())
@@ -212,15 +222,14 @@ def load_checkpoint(path: Path, tensors: bool = True) -> dict:
     return ckpt
 
 
-def load_sharded(path: Path) -> dict:
+def read_sharded(path: Path) -> dict:
     """A sharded checkpoint read whole: meta.pt, and the model and optimizer state as full tensors (every shard
     read, whatever world size and strategy wrote them). Under torchrun a collective: every rank reads it, as every
     rank reads a full checkpoint."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys  # the one reader that
     # needs no template: the model is not built yet when a run resumes (it is loaded whole, before FSDP shards it)
     meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable|uninitialized)")
+    with one_process_quiet():
         state = _load_state_dict_from_keys({"model", "optimizer"}, checkpoint_id=str(path))
     return {**meta, **state}
 
@@ -441,7 +450,7 @@ class Checkpointer:
         """Publish the asynchronous save in flight, once written (a no-op when none is)."""
         if self.pending is not None:
             save, self.pending = self.pending, None
-            with self.storage_errors(int(save.path.name[5:])):
+            with self.storage_errors(save.step):
                 self.last_good = save.finish()
 
     def load_sharded(self, folder: Path) -> None:
@@ -453,8 +462,7 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # the templates: this run's own layout
         state = {"model": model_sd, "optimizer": optim_sd}
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*torch.distributed is (disabled|unavailable)")
+            with one_process_quiet():
                 dcp.load(state, checkpoint_id=folder, no_dist=not self.rt.distributed)
         except Exception as e:  # a parameter the checkpoint lacks: written by another version of a mixer
             raise ConfigError(f"{folder}: its state does not fit this code's model and optimizer (written by another "

@@ -33,6 +33,7 @@ class Runtime:
     local_rank: int = 0
     cp: int = 1  # train.context_parallel: ranks that split each sequence (consecutive ranks, one group)
     cp_group: object = None
+    on_close: list = field(default_factory=list)  # called by close() first (an asynchronous checkpoint's publication)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     distributed: bool = False
     fsdp: bool = False
@@ -47,7 +48,6 @@ class Runtime:
         process group."""
         t = cfg.train
         rt = cls()
-        rt.on_close = []
         rt.distributed = cls.world_size() > 1
         if rt.distributed:
             rt.rank, rt.world, rt.local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
