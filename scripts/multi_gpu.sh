@@ -5,7 +5,10 @@
 #   fp32     20 steps in fp32 without compile: 1 GPU, 2 GPUs DDP, 2 GPUs FSDP2 (equal up to summation order)
 #   scaling  40 steps of 262,144-token batches (the embedded corpus holds 496 windows, fewer than the recipe's 512):
 #            tokens/s on 1 GPU (accum 8), 2 GPUs DDP and FSDP2 (accum 4)
-# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
+#   dcp      sharded checkpoints (torch.distributed.checkpoint), fp32: 60 steps on 2 GPUs FSDP2, then its step-30
+#            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
+#   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
+# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|dcp|cp|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
 set -uo pipefail
 out=${1:?usage: multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]}
 mode=${2:-all}
@@ -16,7 +19,7 @@ base="model=124m train.micro_batch=32 train.eval_interval=100000 train.eval_toke
       train.progress=false logger.mode=disabled data.cache_dir=/tmp/mg/cache"
 run() {  # name nproc overrides...
   name=$1 n=$2; shift 2
-  echo "=== $name ($n GPU): $*"
+  echo "=== $name ($n GPU, started $(date +%T)): $*"
   python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $base out_dir=/tmp/mg/$name "$@" \
     > "$out/$name.log" 2>&1
   echo "rc=$?"; grep -E "train:|step +[0-9]+0 \||error" "$out/$name.log" | tail -3
@@ -44,6 +47,25 @@ if [[ $mode == scaling || $mode == all ]]; then
   run scale_gpu1 1 $c
   run scale_gpu2_ddp 2 $c
   run scale_gpu2_fsdp 2 $c train.strategy=fsdp
+fi
+if [[ $mode == dcp ]]; then
+  c="train.steps=60 train.global_batch_tokens=65536 train.log_interval=1 train.ckpt_interval=30 train.keep_checkpoints=3
+     train.dtype=fp32 train.compile=false train.checkpoint_format=sharded"
+  run dcp_fsdp2 2 $c train.strategy=fsdp
+  for n in 2 1; do  # the FSDP2 run as if stopped after its step-30 checkpoint, resumed on n GPUs
+    mkdir -p /tmp/mg/dcp_resume$n/checkpoints && cp -r /tmp/mg/dcp_fsdp2/checkpoints/step_0000030 /tmp/mg/dcp_resume$n/checkpoints/
+  done
+  run dcp_resume2 2 $c train.strategy=fsdp
+  run dcp_resume1 1 $c
+  run dcp_async 2 $c train.strategy=fsdp train.async_checkpoint=true
+  ls -R /tmp/mg/dcp_fsdp2/checkpoints /tmp/mg/dcp_async/checkpoints | tee "$out/dcp_checkpoints.txt"
+fi
+if [[ $mode == cp ]]; then
+  c="backbone=gla pe=rope model.seq_len=8192 train.steps=10 train.global_batch_tokens=32768 train.micro_batch=4
+     train.log_interval=1 train.eval_tokens=32768 train.ckpt_interval=100000 train.dtype=fp32 train.compile=false"
+  run cp_gpu1 1 $c
+  run cp_gpu2 2 $c train.context_parallel=2
+  run cp_gpu4 4 $c train.context_parallel=4
 fi
 python3 scripts/multi_gpu_report.py "$out"
 

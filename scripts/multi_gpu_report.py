@@ -18,6 +18,11 @@ GROUPS = {
                            "fp32_gpu2_fsdp": "2 GPUs FSDP2 fp32"}),
     "scaling": ("scale_gpu1", {"scale_gpu1": "1 GPU (accum 8)", "scale_gpu2_ddp": "2 GPUs DDP (accum 4)",
                                "scale_gpu2_fsdp": "2 GPUs FSDP2 (accum 4)"}),
+    "dcp": ("dcp_fsdp2", {"dcp_fsdp2": "2 GPUs FSDP2, sharded checkpoints",
+                          "dcp_resume2": "2 GPUs FSDP2, resumed at 30",
+                          "dcp_resume1": "1 GPU, resumed at 30 (2 -> 1)", "dcp_async": "2 GPUs FSDP2, asynchronous"}),
+    "cp": ("cp_gpu1", {"cp_gpu1": "1 GPU, whole sequences", "cp_gpu2": "2 GPUs, each sequence split in 2",
+                       "cp_gpu4": "4 GPUs, each sequence split in 4"}),
 }
 
 
@@ -38,7 +43,9 @@ def compare(out: Path, ref_name: str, labels: dict) -> tuple[dict, dict]:
         diffs = [abs(r[s]["loss"] - ref[s]["loss"]) for s in common]
         skip = 20 if max(r) > 40 else 0  # past compilation and warm-up
         tps = [r[s]["tokens_per_s"] for s in sorted(r) if s > skip] or [r[max(r)]["tokens_per_s"]]
+        same = next((s for s in common if r[s]["loss"] != ref[s]["loss"]), None)
         res[name] = {"label": labels[name], "steps": [min(r), max(r)], "final_loss": r[max(r)]["loss"],
+                     "first_step_apart": same,  # the first common step whose loss is not bit-equal to the reference's
                      "max_abs_loss_diff": max(diffs) if diffs else None,
                      "mean_abs_loss_diff": statistics.mean(diffs) if diffs else None,
                      "tokens_per_s_median": statistics.median(tps),
