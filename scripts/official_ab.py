@@ -6,6 +6,7 @@ git-ignored folder and runs it through this file, which only writes its data and
     python scripts/official_ab.py data DIR [--train 2000000] [--test 2000] [--seed 0]
     python scripts/official_ab.py run SRC OUT_DIR --seed S [hydra overrides of the seed's main.py ...]
     python scripts/official_ab.py record --seed-runs DIR... --repo-runs DIR... --out docs/synthetic/X.json
+    python scripts/official_ab.py record --into X.json --call LABEL --device D --seed-runs DIR... --suffix -LABEL
     python scripts/official_ab.py plot X.json --out docs/synthetic/X.png
 
 `data` writes S2=128.csv and S2=512.csv as the seed's `generate_data.py --group S2 --samples N --seed S` does: the
@@ -323,16 +324,105 @@ def seed_run(run: Path) -> dict:
 
 
 def cmd_record(a) -> None:
-    rec = {"device": a.device, "date": a.date, "software": a.software, "note": a.note,
-           "seed_code": {Path(r).name: seed_run(Path(r)) for r in a.seed_runs},
-           "repo": {Path(r).name: repo_run(Path(r)) for r in a.repo_runs}}
-    Path(a.out).write_text(json.dumps(rec, indent=1))
-    print(f"wrote {a.out}: {len(rec['seed_code'])} runs of the seed's code, {len(rec['repo'])} of this repo")
+    """A new record, or (--into) an existing one with more runs; --call and --device are kept with each added run,
+    --suffix is added to their names, and --from-record adds a seed_spread record's runs as this repo's."""
+    rec = json.loads(Path(a.into).read_text()) if a.into else {
+        "device": a.device, "date": a.date, "software": a.software, "note": a.note, "seed_code": {}, "repo": {}}
+    added = [("seed_code", Path(r).name, seed_run(Path(r))) for r in a.seed_runs]
+    added += [("repo", Path(r).name, repo_run(Path(r))) for r in a.repo_runs]
+    for path in a.from_record:
+        added += [("repo", name, {"train": [], "evaluations": run["evaluations"]})
+                  for name, run in json.loads(Path(path).read_text())["runs"].items()]
+    for side, name, run in added:
+        name += a.suffix
+        if name in rec[side]:
+            sys.exit(f"{name} is already in the record: give the added runs a --suffix")
+        if a.into:
+            run.update({k: v for k, v in (("call", a.call), ("device", a.device)) if v})
+        rec[side][name] = run
+    out = a.out or a.into
+    Path(out).write_text(json.dumps(rec, indent=1))
+    print(f"wrote {out}: {len(rec['seed_code'])} runs of the seed's code, {len(rec['repo'])} of this repo")
 
 
 def first_fit(rows: list[dict], key: str = "acc", level: float = 0.99) -> int | None:
     """The first step whose accuracy over positions 1-128 reached `level`."""
     return next((r["step"] for r in rows if r.get(key) is not None and r[key] >= level), None)
+
+
+def fit_of(side: str, run: dict) -> int | None:
+    """When a run first had >= 99% of positions 1-128 right: the seed's code's training batches (every 50 steps,
+    unseen in epoch 1), this repo's evaluations (every 500)."""
+    return first_fit(run["train"]) if side == "seed_code" else first_fit(run["evaluations"], "val_acc")
+
+
+def group_of(side: str, name: str) -> str | None:
+    """The setting a run belongs to in the fits table (None: not compared there)."""
+    if "nope" in name:
+        return None
+    if side == "seed_code":
+        return "the seed's code (bf16 weights, its init)"
+    if name.endswith("-bf16w"):
+        return "this repo, the seed's precision and init"
+    return "this repo, default (fp32 weights)"
+
+
+def fisher_greater(a: int, n1: int, b: int, n2: int) -> float:
+    """One-sided Fisher exact p: the chance of a or more of the K = a + b fits landing in the first n1 runs."""
+    from math import comb
+    k = a + b
+    return sum(comb(n1, x) * comb(n2, k - x) for x in range(a, min(n1, k) + 1)) / comb(n1 + n2, k)
+
+
+def fits(rec: dict, budgets=(2000, 3500), slack: int = 150) -> dict:
+    """Per setting and budget B: of the runs that ran to step B, those that fitted length 128 by then; and each
+    fitted run's first evaluation from its fit on: accuracy <= 128, on 129-512, sequences right to 512. A run that
+    stopped at most `slack` steps short of B counts with the fit it had (the seed's code's runs end at 1,950 and
+    3,350, this repo's are evaluated every 500 steps): that leans against the seed's code, never towards it."""
+    out = {}
+    for side in ("seed_code", "repo"):
+        for name, run in sorted(rec[side].items()):
+            group = group_of(side, name)
+            if group is None:
+                continue
+            g = out.setdefault(group, {"runs": [], **{b: [0, 0] for b in budgets}, "after_fit": []})
+            fit, steps = fit_of(side, run), [r["step"] for r in run["train"] + run["evaluations"]]
+            g["runs"].append(name)
+            for b in budgets:
+                if max(steps) >= b - slack:
+                    g[b][0] += fit is not None and fit <= b
+                    g[b][1] += 1
+            ev = next((e for e in run["evaluations"] if fit is not None and e["step"] >= fit and e["val_acc"] >= .99),
+                      None)
+            if ev:
+                g["after_fit"].append((name, ev))
+    return out
+
+
+def fits_table(rec: dict, budgets=(2000, 3500)) -> str:
+    """Markdown: the fits per setting and budget, each fitted run's extrapolation, and Fisher's p of the seed's code
+    against this repo's runs together."""
+    f = fits(rec, budgets)
+    lines = ["| setting | runs in the record | " + " | ".join(f"fitted 128 by step {b:,}" for b in budgets) +
+             " | each fitted run's first evaluation at ≥ 99%: step, ≤ 128 / 129–512 / sequences right to 512 |",
+             "|---|---:|" + "---:|" * len(budgets) + "---|"]
+    for group, g in f.items():
+        after = "; ".join(f"{e['step']:,}: {100 * e['val_acc']:.1f} / {100 * e['val_acc_extrap']:.1f} / "
+                          f"{100 * e.get('val_seq_acc_extrap', 0):.0f}%" for _, e in g["after_fit"]) or "none evaluated"
+        lines.append(f"| {group} | {len(g['runs'])} | " + " | ".join(f"{g[b][0]} of {g[b][1]}" for b in budgets) +
+                     f" | {after} |")
+    seed = [g for k, g in f.items() if k.startswith("the seed's")]
+    repo = [g for k, g in f.items() if k.startswith("this repo")]
+    if seed and repo:
+        ps = []
+        for b in budgets:
+            a, n1 = seed[0][b]
+            rb, n2 = sum(g[b][0] for g in repo), sum(g[b][1] for g in repo)
+            if n1 and n2:
+                ps.append(f"by step {b:,}, {a} of {n1} against {rb} of {n2}: p = {fisher_greater(a, n1, rb, n2):.2f}")
+        lines.append("\nThe seed's code fitting more often than this repo's runs together (one-sided Fisher exact "
+                     "test): " + "; ".join(ps) + ".")
+    return "\n".join(lines)
 
 
 def table(rec: dict) -> str:
@@ -345,7 +435,7 @@ def table(rec: dict) -> str:
             tr, ev = run["train"], run["evaluations"]
             if not tr:
                 continue
-            fit = first_fit(tr) if side == "seed_code" else first_fit(ev, "val_acc")
+            fit = fit_of(side, run)
             last = (f"{100 * ev[-1]['val_acc']:.1f}% / {100 * ev[-1]['val_acc_extrap']:.1f}% (step {ev[-1]['step']:,})"
                     if ev else "none (stopped before its first)")
             tail = np.mean([r["loss"] for r in tr[-5:]])
@@ -354,57 +444,82 @@ def table(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def fitted_share(rec: dict, group: str, steps: np.ndarray) -> np.ndarray:
+    """At each step s, the share of the group's runs that ran to s which had fitted length 128 by s (NaN where
+    fewer than 3 ran that far)."""
+    runs = [(fit_of(side, run), max(r["step"] for r in run["train"] + run["evaluations"]))
+            for side in ("seed_code", "repo") for name, run in rec[side].items() if group_of(side, name) == group]
+    out = []
+    for s in steps:
+        alive = [f for f, last in runs if last >= s]
+        out.append(np.mean([f is not None and f <= s for f in alive]) if len(alive) >= 3 else np.nan)
+    return 100 * np.asarray(out, dtype=float)
+
+
 def cmd_plot(a) -> None:
+    """Four panels: the share of runs fitted by each step per setting; accuracy on lengths <= 128 over training;
+    accuracy per length and sequences right to each length at every fitted run's first evaluation from its fit."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     rec = json.loads(Path(a.record).read_text())
-    finals = any(run.get("final") for side in ("seed_code", "repo") for run in rec[side].values())
-    fig, axes = plt.subplots(2 if finals else 1, 2, figsize=(13, 8.5 if finals else 4.5), squeeze=False)
-    colors = {"seed_code": "tab:red", "repo": "tab:blue"}
-    names = {"seed_code": "seed's code", "repo": "this repo"}
+    look = {"the seed's code (bf16 weights, its init)": ("tab:red", "-"),
+            "this repo, default (fp32 weights)": ("tab:blue", "-"),
+            "this repo, the seed's precision and init": ("tab:cyan", "--")}
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    last = max(r["step"] for side in ("seed_code", "repo") for run in rec[side].values()
+               for r in run["train"] + run["evaluations"])
+    steps = np.arange(0, last + 1, 50)
+    for group, (color, style) in look.items():
+        axes[0, 0].plot(steps, fitted_share(rec, group, steps), style, color=color, lw=1.5)
     for side in ("seed_code", "repo"):
-        for i, (name, run) in enumerate(sorted(rec[side].items())):
-            style = ["-", "--", ":", "-."][i % 4]
-            color = "gray" if "nope" in name else colors[side]
-            lab = f"{names[side]}: {name}"
-            tr = run["train"]
-            axes[0, 0].plot([r["step"] for r in tr], [r["loss"] for r in tr], style, color=color, label=lab, lw=1)
+        for name, run in sorted(rec[side].items()):
+            group = group_of(side, name)
+            color, style = look[group] if group else ("gray", ":")
             if side == "seed_code":  # the batch about to be trained on: unseen data in the first epoch
-                axes[0, 1].plot([r["step"] for r in tr], [100 * r["acc"] for r in tr], style, color=color, lw=1,
-                                label=f"{lab} (training batch)")
-            ev = run["evaluations"]
-            if ev:
+                axes[0, 1].plot([r["step"] for r in run["train"]], [100 * r["acc"] for r in run["train"]], style,
+                                color=color, lw=0.6, alpha=0.7)
+            else:
+                ev = run["evaluations"]
                 axes[0, 1].plot([e["step"] for e in ev], [100 * e["val_acc"] for e in ev], style, color=color,
-                                marker="o", markersize=3, label=f"{lab} (test set)")
+                                lw=0.8, marker="o", markersize=2)
+    for group, g in fits(rec).items():
+        color, style = look[group]
+        for name, ev in g["after_fit"]:
+            run = rec["seed_code"].get(name) or rec["repo"][name]
             fin = run.get("final")
-            if fin:
+            if fin and fin["step"] == ev["step"]:  # the seed's code: every length
                 lengths = np.arange(1, len(fin["curve"]) + 1)
-                for ax, key in ((axes[1, 0], "curve"), (axes[1, 1], "curve_seq")):
-                    ax.plot(lengths, 100 * np.asarray(fin[key], dtype=float), style, color=color,
-                            label=f"{lab} (step {fin['step']:,})")
-    axes[0, 0].set_title("training loss (positions 1-128)", fontsize=10)
-    axes[0, 0].set_ylim(0, 0.8)
-    axes[0, 1].set_title("positions right, lengths ≤ 128", fontsize=10)
-    axes[0, 1].set_ylim(40, 102)
+                axes[1, 0].plot(lengths, 100 * np.asarray(fin["curve"], dtype=float), style, color=color, lw=1)
+                axes[1, 1].plot(lengths, 100 * np.asarray(fin["curve_seq"], dtype=float), style, color=color, lw=1)
+            else:  # this repo's evaluations: every 64th length
+                at = sorted(int(k[8:]) for k in ev if k.startswith("val_acc@"))
+                axes[1, 0].plot(at, [100 * ev[f"val_acc@{n}"] for n in at], style, color=color, marker="o", lw=1)
+    axes[0, 0].set(title="runs that had fitted length 128 (≥ 99% of positions right), of those run that far",
+                   ylabel="%", ylim=(-2, 102))
+    axes[0, 1].set(title="positions right, lengths ≤ 128 (seed's code: training batches; this repo: test set)",
+                   ylim=(40, 102))
+    axes[1, 0].set(title="positions right at length L, each fitted run's first evaluation from its fit",
+                   xlabel="length L", ylim=(40, 102))
+    axes[1, 1].set(title="sequences right to length L (the seed's code's fitted run)", xlabel="length L",
+                   ylim=(-2, 102))
+    for ax in axes.flat:
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
     for ax in axes[0]:
         ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    if finals:
-        for ax, title in ((axes[1, 0], "positions right at length L"),
-                          (axes[1, 1], "sequences right at every position up to L")):
-            ax.set_title(title, fontsize=10)
-            ax.set_xlabel("length L")
-            ax.set_ylim(-2, 102)
-            ax.axvline(TRAIN_LEN, color="gray", linestyle="--", linewidth=1)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
+    for ax in axes[1]:
+        ax.axvline(TRAIN_LEN, color="gray", linestyle="--", linewidth=1)
+    handles = [Line2D([], [], color=c, ls=st, label=g) for g, (c, st) in look.items()]
+    handles.append(Line2D([], [], color="gray", ls=":", label="the seed's code, NoPE"))
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(a.title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(a.out, dpi=110)
     print(f"wrote {a.out}")
     print(table(rec))
+    print(fits_table(rec))
 
 
 def main(argv=None) -> None:
@@ -428,7 +543,11 @@ def main(argv=None) -> None:
     c = sub.add_parser("record", help="one JSON record of both sides' runs")
     c.add_argument("--seed-runs", nargs="*", default=[])
     c.add_argument("--repo-runs", nargs="*", default=[])
-    c.add_argument("--out", required=True)
+    c.add_argument("--from-record", nargs="*", default=[], help="a seed_spread record's runs, as this repo's")
+    c.add_argument("--into", help="an existing record to add the runs to (written back unless --out)")
+    c.add_argument("--call", default="", help="with --into: which call the added runs ran in")
+    c.add_argument("--suffix", default="", help="added to the added runs' names")
+    c.add_argument("--out")
     c.add_argument("--device", default="")
     c.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     c.add_argument("--software", default="")
@@ -442,6 +561,8 @@ def main(argv=None) -> None:
         (cmd_run if a.cmd == "run" else cmd_warm)(a, rest)
     elif rest:
         p.error(f"unrecognised arguments: {' '.join(rest)}")
+    elif a.cmd == "record" and not (a.out or a.into):
+        p.error("record: --out or --into")
     else:
         {"data": cmd_data, "prep": cmd_prep, "record": cmd_record, "plot": cmd_plot}[a.cmd](a)
 

@@ -136,8 +136,25 @@ def multi_gpu_table() -> str:
     return "\n".join(lines) + f"\n\n{where}: `bash scripts/multi_gpu.sh OUT`"
 
 
+def dcp_table() -> str:
+    """Sharded checkpoints on GPUs: each run against the uninterrupted FSDP2 run, step by step."""
+    rec = load(DOCS / "multi_gpu/dcp_h100_2026-11-26.json")
+    lines = ["| run | steps | bit-equal to the uninterrupted run until | loss difference after: max | peak GiB a GPU |",
+             "|---|---|---:|---:|---:|"]
+    for name, r in rec["runs"].items():
+        apart = r["first_step_apart"]
+        lines.append(f"| {r['label']} | {r['steps'][0]}–{r['steps'][1]} | "
+                     f"{'the end' if apart is None else f'step {apart - 1}'} | {r['max_abs_loss_diff']:.1e} | "
+                     f"{r['peak_mem_gib']:.1f} |")
+    return "\n".join(lines) + f"\n\n{short_device(rec['device'])}, {rec['date']}, {rec['software']}: `{rec['command']}`"
+
+
 def official_ab_table() -> str:
     return official_ab.table(load(OFFICIAL_AB))
+
+
+def official_ab_fits_table() -> str:
+    return official_ab.fits_table(load(OFFICIAL_AB))
 
 
 MQAR_GRID = ["1e-3", "2.2e-3", "4.6e-3", "1e-2", "2.2e-2", "4.6e-2"]
@@ -217,12 +234,16 @@ def summary_table() -> str:
 
 
 def verdicts_table() -> str:
-    """Seed 004's claims: the verdict written in docs/synthetic/verdicts.json, the date and device of its record."""
-    lines = ["| claim | verdict | measured on | page |", "|---|---|---|---|"]
+    """Seed 004's claims: the verdicts written in docs/synthetic/verdicts.json (against the paper, and against the
+    seed's own code run here), the date and device of the claim's record."""
+    lines = ["| claim | reproduces the paper | reproduces the seed's code | measured on | page |",
+             "|---|---|---|---|---|"]
     for v in load(VERDICTS)["claims"]:
         rec = load(DOCS / "synthetic" / v["record"])
         date = rec.get("date") or re.search(r"\d{4}-\d\d-\d\d", v["record"]).group(0)  # older records: the name's
-        lines.append(f"| {v['claim']} | {v['verdict']} | {short_device(rec['device'])}, {date} | "
+        against_code = v["seed_code"] + (f" ({link('docs/synthetic/README.md' + v['seed_code_anchor'], 'A/B')})"
+                                         if "seed_code_anchor" in v else "")
+        lines.append(f"| {v['claim']} | {v['verdict']} | {against_code} | {short_device(rec['device'])}, {date} | "
                      f"{link('docs/synthetic/README.md' + v.get('anchor', ''))} |")
     return "\n".join(lines)
 
@@ -230,7 +251,8 @@ def verdicts_table() -> str:
 BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": throughput_table,
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table, "longest": longest_table,
-          "multi_gpu": multi_gpu_table, "official_ab": official_ab_table}
+          "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
+          "official_ab_fits": official_ab_fits_table, "dcp": dcp_table}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from official_ab import Observer, first_fit, main, per_length, stand_ins, summarise, table, write_csv
+from official_ab import (Observer, first_fit, fisher_greater, fits, fits_table, main, per_length, stand_ins,
+                         summarise, table, write_csv)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,6 +133,48 @@ def test_record_table_and_figure(tmp_path):
     assert "52.0% / 50.0% (step 100)" in lines[3] and "not reached" in lines[3]
     main(["plot", str(rec_path), "--out", str(png)])
     assert png.stat().st_size > 10_000
+
+
+def test_records_grow_by_call_and_name_clashes_are_refused(tmp_path):
+    seed_run, repo_run = fake_runs(tmp_path)
+    rec_path = tmp_path / "rec.json"
+    main(["record", "--seed-runs", str(seed_run), "--repo-runs", str(repo_run), "--out", str(rec_path)])
+    main(["record", "--into", str(rec_path), "--call", "9", "--device", "gpu", "--suffix=-call9",
+          "--seed-runs", str(seed_run)])
+    other = tmp_path / "spread.json"  # a seed_spread record: runs with evaluations only
+    other.write_text(json.dumps({"runs": {"s2-x-s3": {"evaluations": [{"step": 500, "val_acc": 1.0}]}}}))
+    main(["record", "--into", str(rec_path), "--suffix=-bf16w", "--from-record", str(other)])
+    rec = json.loads(rec_path.read_text())
+    assert sorted(rec["seed_code"]) == [seed_run.name, seed_run.name + "-call9"]
+    assert rec["seed_code"][seed_run.name + "-call9"]["call"] == "9" and "call" not in rec["seed_code"][seed_run.name]
+    assert rec["repo"]["s2-x-s3-bf16w"] == {"train": [], "evaluations": [{"step": 500, "val_acc": 1.0}]}
+    with pytest.raises(SystemExit, match="already in the record"):
+        main(["record", "--into", str(rec_path), "--seed-runs", str(seed_run)])
+
+
+def test_fits_count_only_runs_that_ran_that_far_and_fisher_is_exact():
+    def seed(fit, last):  # training batches every 50 steps; accuracy 1 from `fit` on
+        return {"train": [{"step": s, "loss": 0.1, "acc": float(fit is not None and s >= fit)}
+                          for s in range(50, last + 1, 50)], "evaluations": []}
+
+    def repo(fit, last):  # evaluations every 500 steps
+        return {"train": [], "evaluations": [{"step": s, "val_acc": float(fit is not None and s >= fit),
+                                              "val_acc_extrap": 0.6} for s in range(500, last + 1, 500)]}
+    rec = {"seed_code": {"seed-gla-selective_rope-s0": seed(350, 1950), "seed-gla-selective_rope-s1": seed(None, 1950),
+                         "seed-gla-selective_rope-s2": seed(3200, 3350), "seed-gla-selective_rope-s3": seed(None, 600),
+                         "seed-gla-nope-s0": seed(None, 1950)},
+           "repo": {"s2-a-s0": repo(None, 4000), "s2-a-s1": repo(3500, 4000), "s2-a-s2-bf16w": repo(1000, 9000)}}
+    f = fits(rec)
+    seed_fits = f["the seed's code (bf16 weights, its init)"]
+    # the run stopped at 600 counts at neither budget; the one at 3,350 counts at 3,500 (150 short), NoPE nowhere
+    assert seed_fits[2000] == [1, 3] and seed_fits[3500] == [1, 1]
+    assert f["this repo, default (fp32 weights)"][3500] == [1, 2]
+    assert f["this repo, the seed's precision and init"][2000] == [1, 1]
+    assert [name for name, _ in f["this repo, default (fp32 weights)"]["after_fit"]] == ["s2-a-s1"]
+    assert fisher_greater(1, 1, 0, 3) == pytest.approx(1 / 4)  # one fit among 4 runs lands in the first
+    # (C(4,2) C(16,1) + C(4,3) C(16,0)) / C(20,3)
+    assert fisher_greater(2, 4, 1, 16) == pytest.approx((6 * 16 + 4 * 1) / 1140)
+    assert "3,500: 100.0 / 60.0 / 0%" in fits_table(rec)
 
 
 def test_driver_refuses_an_unknown_side(tmp_path):
