@@ -106,11 +106,11 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
     got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "cp") if "loss" in r}
     assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29559",
-                        "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2",
+                        "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2", "pe=t5",
                                                     "train.context_parallel=2")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and r.stderr.count("error: train.context_parallel=2: no context-parallel form yet for "
-                                                "['SoftmaxAttention']") == 1, r.stderr[-2000:]
+                                                "['T5Bias']") == 1, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("extra, world, message", [

@@ -7,6 +7,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from ..varlen import document_ids
 
@@ -84,10 +85,9 @@ def _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens):
             o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
         elif Tq == 1:  # one new token sees the whole cache
             o = F.scaled_dot_product_attention(qh, kh, vh, scale=scale)
-        else:
-            i = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
-            mask = torch.arange(Tk, device=q.device)[None, :] <= i
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        else:  # the queries are the last Tq keys: a causal mask aligned to the bottom right, which SDPA's flash
+            # kernels take without a [Tq, Tk] mask in memory (chunked prefill, context parallelism)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(Tq, Tk), scale=scale)
         return o.transpose(1, 2)
     # c_i - c_j is a small difference of large numbers at long T, and a bf16 bias would round -m*1000 by several
     # units: keep the bias, and so (SDPA wants one dtype) the whole call, in at least fp32.

@@ -19,11 +19,19 @@ from __future__ import annotations
 import torch
 
 
+def gather(x, group):
+    """[world, *x.shape]: every rank's x in rank order. Differentiable: its backward sums each rank's gradient
+    contributions back to the rank that owns the slice (so every rank must run it, and its backward)."""
+    from torch.distributed import _functional_collectives as fc
+    # torch renamed the autograd gather (the old name warns from 2.12 on)
+    f = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
+    return f(x[None].contiguous(), 0, group)
+
+
 def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):
     """This rank's slice of o for the gated recurrence over the whole sequence split across `group` (the default
     group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], g [B, T_r, H, K] or [B, T_r, H, 1] (log gate)."""
     import torch.distributed as dist
-    from torch.distributed._functional_collectives import all_gather_tensor_autograd  # differentiable
 
     from . import gated
     group = group or dist.group.WORLD
@@ -32,8 +40,8 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):
     dt = torch.promote_types(q.dtype, torch.float32)  # the hand-over in at least fp32, as the state is kept
     G = torch.cumsum(g.to(dt), 1)  # [B, T_r, H, K or 1]
     decay = torch.exp(G[:, -1])  # [B, H, K or 1]
-    finals = all_gather_tensor_autograd(final.to(dt)[None].contiguous(), 0, group)  # [world, B, H, K, V]
-    decays = all_gather_tensor_autograd(decay[None].contiguous(), 0, group)  # [world, B, H, K or 1]
+    finals = gather(final.to(dt), group)  # [world, B, H, K, V]
+    decays = gather(decay, group)  # [world, B, H, K or 1]
     # every rank's graph holds every gathered slice (masked out after it, not left out), so that each rank's backward
     # joins the same collectives
     S0 = torch.zeros_like(finals[0])

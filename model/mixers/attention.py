@@ -15,12 +15,11 @@ position.
 from __future__ import annotations
 
 import torch
-from duality.kernels.attention import decayed_attention
 from torch import nn
 
 from ..core.context import TRAINING
 from ..core.layers import residual_linear
-from .base import Mixer, register
+from .base import Mixer, attention, register
 
 
 @register("transformer")
@@ -28,6 +27,7 @@ class SoftmaxAttention(Mixer):
     softmax = True
     pe_kinds = ("none", "absolute", "rotary", "score", "vo_rotary")
     packable = True
+    context_parallel = True  # each rank's queries against the keys up to them (kernels/attention/cp.py)
 
     def __init__(self, d_model, n_heads, pe=None, *, qk_norm: bool = False):
         super().__init__(d_model, n_heads, pe)
@@ -46,7 +46,7 @@ class SoftmaxAttention(Mixer):
             if state.k is not None:
                 k, v = torch.cat([state.k, k], 1), torch.cat([state.v, v], 1)
             state.k, state.v = k, v
-        o = decayed_attention(q, k, v, **self.scores(q, k, ctx), cu_seqlens=ctx.cu_seqlens)
+        o = attention(q, k, v, ctx, **self.scores(q, k, ctx))
         return self.o_proj(self.rotate_output(o, ctx).reshape(B, T, self.d_model))
 
     def flops_per_token(self, seq_len):

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from duality.kernels.attention import cumulative_log_decay, decayed_attention
+from duality.kernels.attention.cp import decayed_attention_cp
 from duality.kernels.recurrences import gated
 from duality.kernels.recurrences.cp import gated_cp
 
@@ -126,4 +127,16 @@ def gated_attention(q, k, v, log_gate, ctx: Context, power: int | None = None):
             k, v = torch.cat([state.k, k], 1), torch.cat([state.v, v], 1)
             c = None if c is None else torch.cat([state.c, c], 1)
         state.k, state.v, state.c = k, v, c
-    return decayed_attention(q, k, v, log_decay=c, power=power, cu_seqlens=ctx.cu_seqlens)
+    return attention(q, k, v, ctx, log_decay=c, power=power)
+
+
+def attention(q, k, v, ctx: Context, **scores):
+    """decayed_attention over the context's tokens: the whole sequence (packed documents with cu_seqlens, keys
+    from a KV cache), or under context parallelism this rank's queries against the keys of every slice up to its
+    own (kernels/attention/cp.py)."""
+    if ctx.cp_group is None:
+        return decayed_attention(q, k, v, cu_seqlens=ctx.cu_seqlens, **scores)
+    if ctx.cu_seqlens is not None or scores.get("bias") is not None:
+        raise ValueError("no context-parallel form of attention with packed documents or an additive score bias "
+                         "(T5, Transformer-XL)")
+    return decayed_attention_cp(q, k, v, group=ctx.cp_group, **scores)

@@ -43,6 +43,12 @@ class FoX(Mixer):
             self.f_proj.bias.copy_(torch.linspace(1.0, 5.0, self.n_heads))
 
     @property
+    def context_parallel(self) -> bool:
+        """The keys and the gate's sums come from the slices before (kernels/attention/cp.py); a short convolution
+        would need the previous slice's last inputs (not yet)."""
+        return self.conv is None
+
+    @property
     def packed(self):  # the short convolution would reach across documents: run per document then
         return self.conv is None and super().packed
 

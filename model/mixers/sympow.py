@@ -74,6 +74,7 @@ def sympow_recurrent(q, k, v, log_gate=None, state=None):
 @register("sympow")
 class SymPow(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
+    context_parallel = True  # trained in its attention form (kernels/attention/cp.py)
 
     def __init__(self, d_model, n_heads, pe=None, *, power: int = 2, gating: bool = False, recurrent: bool = False):
         super().__init__(d_model, n_heads, pe)

@@ -17,6 +17,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 @register("alibi")
 class ALiBi(PositionalScheme):
     kind = "score"
+    context_parallel = True  # -m (i - j) from the positions, which the attention's context-parallel form keeps
 
     def __init__(self, dims):
         super().__init__(dims)

@@ -1,0 +1,71 @@
+"""Context parallelism in the trunk: a model whose sequences are split over 2 or 4 gloo processes (GPT.forward with
+cp_group) gives the whole sequence's loss and gradients, for each family with a form; the others are refused."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# (backbone with options, scheme, ranks): each family's context-parallel form, kernels/recurrences/cp.py (GLA,
+# RetNet, linear attention) and kernels/attention/cp.py (softmax with RoPE, ALiBi and VO-RoPE, FoX's gate, sympow's
+# gated power)
+MODELS = [({"name": "gla"}, "rope", 2), ({"name": "retnet"}, "nope", 4), ({"name": "linear_attn"}, "sinusoidal", 4),
+          ({"name": "transformer"}, "rope", 2), ({"name": "transformer"}, "alibi", 4),
+          ({"name": "transformer"}, "vo_rope", 2), ({"name": "fox"}, "nope", 4),
+          ({"name": "sympow", "gating": True}, "rope", 2)]
+SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 48}
+
+
+def model_rank_main(rank: int, world: int, port: int, backbone: dict, pe: str, out: str):
+    from duality.model import build_model
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = build_model(backbone, {"name": pe}, SIZE, 64).double()
+        idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
+        n = 48 // world
+        part = slice(rank * n, (rank + 1) * n)
+        _, loss = model(idx[:, :48][:, part], idx[:, 1:][:, part], cp_group=dist.group.WORLD)
+        loss.backward()
+        torch.save({"loss": loss.detach(), "grads": {k: p.grad for k, p in model.named_parameters()}}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone, pe, world", MODELS, ids=lambda x: x["name"] if isinstance(x, dict) else str(x))
+def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe, world):
+    """The trunk with cp_group: each rank's loss over its slice, averaged over ranks (equal slices), and each
+    parameter's gradient, averaged as DDP would, equal the whole sequence's in one process (a float64 model whose
+    loss the trunk takes in float32, hence 1e-5)."""
+    from duality.model import build_model
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(model_rank_main, args=(world, port, backbone, pe, str(tmp_path / "m")), nprocs=world, join=True)
+    torch.manual_seed(0)
+    model = build_model(backbone, {"name": pe}, SIZE, 64).double()
+    idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
+    _, loss = model(idx[:, :48], idx[:, 1:])
+    loss.backward()
+    parts = [torch.load(tmp_path / f"m.{r}") for r in range(world)]
+    torch.testing.assert_close(sum(p["loss"] for p in parts) / world, loss.detach(), rtol=1e-6, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(sum(q["grads"][name] for q in parts) / world, p.grad, rtol=1e-5, atol=1e-7,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_model_without_a_context_parallel_form_is_refused():
+    from duality.model import build_model
+    for backbone, pe, options in (("transformer", "t5", {}), ("gla", "selective_rope", {}),
+                                  ("gla", "rope", {"short_conv": True}), ("fox", "nope", {"short_conv": True}),
+                                  ("gated_deltanet", "nope", {})):
+        model = build_model({"name": backbone, **options}, {"name": pe}, SIZE, 64)
+        with pytest.raises(ValueError, match="no context-parallel form yet for .*those with one: the transformer"):
+            model.check_context_parallel()
+    for backbone, pe in (("gla", "rope"), ("transformer", "alibi"), ("fox", "rope")):  # have one: no error
+        build_model({"name": backbone}, {"name": pe}, SIZE, 64).check_context_parallel()
