@@ -261,9 +261,9 @@ class GPT(nn.Module):
         missing = sorted({type(m).__name__ for m in parts + ([self.abs_pe] if self.abs_pe is not None else [])
                           if not m.context_parallel} | ({"head=compress"} if self.decoder is not None else set()))
         if missing:
-            raise ValueError(f"no context-parallel form yet for {missing}; those with one: the transformer, sympow, "
-                             "and FoX, GLA, linear attention, RetNet and Mamba2 without short convolutions, with "
-                             "NoPE, RoPE, VO-RoPE, ALiBi, sinusoidal or learned positions")
+            raise ValueError(f"no context-parallel form yet for {missing}; those with one: the transformer, FoX, "
+                             "sympow, GLA, linear attention, RetNet, Mamba2, DeltaNet and Gated DeltaNet, with NoPE, "
+                             "RoPE, VO-RoPE, ALiBi, sinusoidal or learned positions")
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -10,12 +10,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # (backbone with options, scheme, ranks): each family's context-parallel form, kernels/recurrences/cp.py (GLA,
-# RetNet, linear attention) and kernels/attention/cp.py (softmax with RoPE, ALiBi and VO-RoPE, FoX's gate, sympow's
-# gated power)
+# RetNet, linear attention, the delta rule, short convolutions) and kernels/attention/cp.py (softmax with RoPE, ALiBi
+# and VO-RoPE, FoX's gate, sympow's gated power)
 MODELS = [({"name": "gla"}, "rope", 2), ({"name": "retnet"}, "nope", 4), ({"name": "linear_attn"}, "sinusoidal", 4),
           ({"name": "transformer"}, "rope", 2), ({"name": "transformer"}, "alibi", 4),
           ({"name": "transformer"}, "vo_rope", 2), ({"name": "fox"}, "nope", 4),
-          ({"name": "sympow", "gating": True}, "rope", 2)]
+          ({"name": "sympow", "gating": True}, "rope", 2),
+          # short convolutions: each slice starts from the previous slice's last inputs
+          ({"name": "gla", "short_conv": True}, "rope", 4), ({"name": "fox", "short_conv": True}, "rope", 2),
+          ({"name": "deltanet"}, "nope", 2), ({"name": "gated_deltanet"}, "rope", 4)]
 SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 48}
 
 
@@ -61,11 +64,10 @@ def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe, wo
 
 def test_a_model_without_a_context_parallel_form_is_refused():
     from duality.model import build_model
-    for backbone, pe, options in (("transformer", "t5", {}), ("gla", "selective_rope", {}),
-                                  ("gla", "rope", {"short_conv": True}), ("fox", "nope", {"short_conv": True}),
-                                  ("gated_deltanet", "nope", {})):
+    for backbone, pe, options in (("transformer", "t5", {}), ("transformer", "xl", {}), ("gla", "selective_rope", {}),
+                                  ("path", "nope", {}), ("gated_oja", "nope", {})):
         model = build_model({"name": backbone, **options}, {"name": pe}, SIZE, 64)
         with pytest.raises(ValueError, match="no context-parallel form yet for .*those with one: the transformer"):
             model.check_context_parallel()
-    for backbone, pe in (("gla", "rope"), ("transformer", "alibi"), ("fox", "rope")):  # have one: no error
+    for backbone, pe in (("gla", "rope"), ("transformer", "alibi"), ("gated_deltanet", "rope")):  # have one
         build_model({"name": backbone}, {"name": pe}, SIZE, 64).check_context_parallel()

@@ -1,5 +1,7 @@
-"""Context parallelism of the gated recurrence: one sequence split over the ranks of a process group, each rank
+"""Context parallelism of the linear recurrences: one sequence split over the ranks of a process group, each rank
 holding a contiguous slice of the tokens (rank r: tokens [r T/N, (r + 1) T/N)).
+
+Gated recurrence (gated_cp):
 
 The recurrence S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T is affine in its initial state, so a slice started from
 S = 0 is corrected exactly by the state handed over from the slices before it:
@@ -12,6 +14,17 @@ S = 0 is corrected exactly by the state handed over from the slices before it:
 One all_gather of (F_r, D_r) replaces the sequential hand-over; it is differentiable (its backward sums each
 rank's gradient contributions back to the rank that owns the slice), so gradients of every rank's q, k, v, g equal
 the unsplit sequence's. The local runs use any implementation of `gated` (FLA's kernels on CUDA).
+
+Delta rule (delta_rule_cp): S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T is affine in its initial
+state too, S_end = A_r S_0 + F_r, but its transition A_r = prod_t a_t (I - beta_t k_t k_t^T) is a full K x K
+matrix and the correction of each output needs the product up to that token. So each rank runs its slice twice:
+
+    pass 1, from S = [I | 0] with values [0 | v]:   the state ends as [A_r | F_r]   (one run, values K + V wide)
+    carried state:   S0_r = A_{r-1} S0_{r-1} + F_{r-1},  S0_0 = 0                 (one all_gather of (A, F))
+    pass 2, from S0_r with the real values:           o_t, exact
+
+Short convolutions (from_previous): a token's causal convolution reads the K - 1 inputs before it, so each rank
+prepends the previous slice's last K - 1 (zeros on rank 0) and drops those outputs.
 """
 
 from __future__ import annotations
@@ -26,6 +39,36 @@ def gather(x, group):
     # torch renamed the autograd gather (the old name warns from 2.12 on)
     f = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
     return f(x[None].contiguous(), 0, group)
+
+
+def from_previous(x, group):
+    """The previous rank's x (zeros on rank 0), differentiable: its gradient goes back to that rank."""
+    import torch.distributed as dist
+    rank = dist.get_rank(group)
+    # every rank uses the gathered tensor (rank 0 times zero), so every rank joins its backward
+    return gather(x, group)[rank - 1] * float(rank > 0)
+
+
+def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = None):
+    """This rank's slice of o for the (gated) delta rule over the whole sequence split across `group` (the default
+    group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], beta and g [B, T_r, H] (g: log decay, or None)."""
+    import torch.distributed as dist
+
+    from . import delta_rule
+    group = group or dist.group.WORLD
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    B, T, H, K = k.shape
+    dt = torch.promote_types(q.dtype, torch.float32)  # the state is kept in fp32 at least
+    eye = torch.eye(K, dtype=dt, device=q.device).expand(B, H, K, K)
+    S0 = torch.cat([eye, eye.new_zeros(B, H, K, v.shape[-1])], -1)
+    _, end = delta_rule(q, k, torch.cat([v.new_zeros(B, T, H, K), v], -1), beta, scale, g, S0=S0,
+                        output_state=True, impl=impl)
+    transitions, finals = gather(end[..., :K].to(dt), group), gather(end[..., K:].to(dt), group)
+    S = torch.zeros_like(finals[0])
+    for j in range(world):  # masked, not left out, as in gated_cp
+        keep = float(j < rank)
+        S = keep * (transitions[j] @ S + finals[j]) + (1.0 - keep) * S
+    return delta_rule(q, k, v, beta, scale, g, S0=S, impl=impl)[0]
 
 
 def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):

@@ -38,7 +38,8 @@ def split_linear(x, linear: nn.Linear, sizes) -> list:
 class ShortConv(nn.Module):
     """Causal depthwise convolution over time (kernel size K) followed by SiLU (as in Mamba / Gated DeltaNet) or by
     nothing (activation=False). The incremental form keeps the last K - 1 inputs in ctx.state.conv[name]; packed
-documents (ctx.cu_seqlens) are convolved as if alone."""
+    documents (ctx.cu_seqlens) are convolved as if alone; a slice of a sequence split over ranks (ctx.cp_group)
+    starts from the previous slice's last K - 1 inputs."""
 
     def __init__(self, dim: int, kernel_size: int = 4, activation: bool = True):
         super().__init__()
@@ -51,6 +52,12 @@ documents (ctx.cu_seqlens) are convolved as if alone."""
         # elsewhere and when decoding, K shifted products summed in fp32 (the reference)
         B, T, D = x.shape
         K = self.kernel_size
+        if ctx.cp_group is not None:  # a slice of a longer sequence: the previous slice's last inputs come first
+            if T < K - 1:
+                raise ValueError(f"a short convolution of kernel {K} needs slices of at least {K - 1} tokens, got {T}")
+            from duality.kernels.recurrences.cp import from_previous
+            full = torch.cat([from_previous(x[:, T - (K - 1):], ctx.cp_group), x], 1)
+            return self(full, Context(ctx.offset), name)[:, K - 1:]
         cache, cu_seqlens = (None if ctx.state is None else ctx.state.conv), ctx.cu_seqlens
         if x.is_cuda and cache is None:  # FLA's Triton kernel, forward and backward, packed documents too
             from fla.modules.causal_conv1d import causal_conv1d

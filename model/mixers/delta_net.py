@@ -26,6 +26,7 @@ from .base import Mixer, register
 class _DeltaNet(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
     packable = True
+    context_parallel = True  # the delta rule's state handed over (kernels/recurrences/cp.py), convolutions too
     gated = False
 
     def __init__(self, d_model, n_heads, pe=None, *, expand_v: float = 1.0, conv_size: int = 4,

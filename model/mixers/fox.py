@@ -42,11 +42,7 @@ class FoX(Mixer):
         with torch.no_grad():
             self.f_proj.bias.copy_(torch.linspace(1.0, 5.0, self.n_heads))
 
-    @property
-    def context_parallel(self) -> bool:
-        """The keys and the gate's sums come from the slices before (kernels/attention/cp.py); a short convolution
-        would need the previous slice's last inputs (not yet)."""
-        return self.conv is None
+    context_parallel = True  # the keys and the gate's sums from the slices before (kernels/attention/cp.py)
 
     @property
     def packed(self):  # the short convolution would reach across documents: run per document then

@@ -50,11 +50,7 @@ class GLA(Mixer):
         # depthwise, so one convolution over [q | k | v] is the three of FLA's layer
         self.conv = ShortConv(H * (2 * self.dk + self.dv), conv_size) if short_conv else None
 
-    @property
-    def context_parallel(self) -> bool:
-        """Its recurrence hands its state over between ranks; a short convolution would need the previous slice's
-        last inputs (not yet)."""
-        return getattr(self, "conv", None) is None
+    context_parallel = True  # the state handed over between ranks (kernels/recurrences/cp.py), convolutions too
 
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape

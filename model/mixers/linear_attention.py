@@ -35,11 +35,7 @@ class LinearAttention(Mixer):
         self.o_norm = nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS)
         self.o_proj = residual_linear(d_model, d_model)
 
-    @property
-    def context_parallel(self) -> bool:
-        """Its recurrence hands its state over between ranks; a short convolution would need the previous slice's
-        last inputs (not yet)."""
-        return getattr(self, "conv", None) is None
+    context_parallel = True  # the state handed over between ranks (kernels/recurrences/cp.py), convolutions too
 
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape

@@ -39,11 +39,7 @@ class _ScalarDecay(Mixer):
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
         self.out = GatedOutput(d_model, H, self.head_dim)
 
-    @property
-    def context_parallel(self) -> bool:
-        """Its recurrence hands its state over between ranks; a short convolution would need the previous slice's
-        last inputs (not yet)."""
-        return getattr(self, "conv", None) is None
+    context_parallel = True  # the state handed over between ranks (kernels/recurrences/cp.py), convolutions too
 
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
