@@ -263,7 +263,7 @@ class GPT(nn.Module):
         if missing:
             raise ValueError(f"no context-parallel form yet for {missing}; those with one: the transformer, FoX, "
                              "sympow, GLA, linear attention, RetNet, Mamba2, DeltaNet and Gated DeltaNet, with NoPE, "
-                             "RoPE, VO-RoPE, ALiBi, sinusoidal or learned positions")
+                             "RoPE, Selective RoPE, learned rotation, VO-RoPE, ALiBi, sinusoidal or learned positions")
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

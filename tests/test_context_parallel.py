@@ -18,17 +18,25 @@ MODELS = [({"name": "gla"}, "rope", 2), ({"name": "retnet"}, "nope", 4), ({"name
           ({"name": "sympow", "gating": True}, "rope", 2),
           # short convolutions: each slice starts from the previous slice's last inputs
           ({"name": "gla", "short_conv": True}, "rope", 4), ({"name": "fox", "short_conv": True}, "rope", 2),
-          ({"name": "deltanet"}, "nope", 2), ({"name": "gated_deltanet"}, "rope", 4)]
+          ({"name": "deltanet"}, "nope", 2), ({"name": "gated_deltanet"}, "rope", 4),
+          # accumulated rotations: the angle carried over from the slices before
+          ({"name": "gla"}, "selective_rope", 4), ({"name": "transformer"}, "selective_rope", 2),
+          ({"name": "gla"}, {"name": "selective_rope", "skip_conv": True, "bias": True, "phase_gate": True}, 2),
+          ({"name": "fox"}, "learned_rotation", 2)]
 SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 48}
 
 
-def model_rank_main(rank: int, world: int, port: int, backbone: dict, pe: str, out: str):
+def as_cfg(pe) -> dict:
+    return pe if isinstance(pe, dict) else {"name": pe}
+
+
+def model_rank_main(rank: int, world: int, port: int, backbone: dict, pe, out: str):
     from duality.model import build_model
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        model = build_model(backbone, {"name": pe}, SIZE, 64).double()
+        model = build_model(backbone, as_cfg(pe), SIZE, 64).double()
         idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
         n = 48 // world
         part = slice(rank * n, (rank + 1) * n)
@@ -39,8 +47,12 @@ def model_rank_main(rank: int, world: int, port: int, backbone: dict, pe: str, o
         dist.destroy_process_group()
 
 
+def case_id(x) -> str:
+    return "-".join(f"{v}" for v in x.values()) if isinstance(x, dict) else str(x)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backbone, pe, world", MODELS, ids=lambda x: x["name"] if isinstance(x, dict) else str(x))
+@pytest.mark.parametrize("backbone, pe, world", MODELS, ids=case_id)
 def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe, world):
     """The trunk with cp_group: each rank's loss over its slice, averaged over ranks (equal slices), and each
     parameter's gradient, averaged as DDP would, equal the whole sequence's in one process (a float64 model whose
@@ -51,7 +63,7 @@ def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe, wo
         port = s.getsockname()[1]
     mp.spawn(model_rank_main, args=(world, port, backbone, pe, str(tmp_path / "m")), nprocs=world, join=True)
     torch.manual_seed(0)
-    model = build_model(backbone, {"name": pe}, SIZE, 64).double()
+    model = build_model(backbone, as_cfg(pe), SIZE, 64).double()
     idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
     _, loss = model(idx[:, :48], idx[:, 1:])
     loss.backward()
@@ -64,8 +76,8 @@ def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe, wo
 
 def test_a_model_without_a_context_parallel_form_is_refused():
     from duality.model import build_model
-    for backbone, pe, options in (("transformer", "t5", {}), ("transformer", "xl", {}), ("gla", "selective_rope", {}),
-                                  ("path", "nope", {}), ("gated_oja", "nope", {})):
+    for backbone, pe, options in (("transformer", "t5", {}), ("transformer", "xl", {}), ("path", "nope", {}),
+                                  ("gated_oja", "nope", {})):
         model = build_model({"name": backbone, **options}, {"name": pe}, SIZE, 64)
         with pytest.raises(ValueError, match="no context-parallel form yet for .*those with one: the transformer"):
             model.check_context_parallel()

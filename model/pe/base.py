@@ -20,9 +20,12 @@ ctx.positions() in packed rows (else the trunk runs a packed row one document at
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
 from duality.common.errors import ConfigError
+from duality.kernels.recurrences.cp import gather
 from duality.kernels.rotary import cumulative_rotation
 
 from ..core.context import TRAINING, Context, Dims
@@ -77,15 +80,24 @@ class PositionalScheme(nn.Module):
 class AccumulatedRotation(PositionalScheme):
     """A rotary scheme whose angles accumulate data-dependent increments, phi_t = theta * (phi_0 + sum_{s<=t}
     dphi_s) (kernels/rotary/): a subclass sets `theta` and gives `increments(q, x, ctx)`, [B, T, H, D/2] or
-    [B, T, H, 1]. Decoding keeps the running angle in ctx.state.phi. Packed rows run per document."""
+    [B, T, H, 1]. Decoding keeps the running angle in ctx.state.phi. Packed rows run per document. On a slice of a
+    sequence split over ranks (ctx.cp_group) the slices before add their sums of increments to the first token's,
+    in fp32: the angle carries over, and its gradient goes back to the ranks that made it."""
     kind = "rotary"
     packable = False
+    context_parallel = True
 
     def increments(self, q, x, ctx: Context = TRAINING):
         raise NotImplementedError
 
     def rotate(self, q, k, x=None, ctx: Context = TRAINING):
         dphi = self.increments(q, x, ctx)
+        if ctx.cp_group is not None:
+            dphi = dphi.float()
+            sums = gather(dphi.sum(1), ctx.cp_group)  # [world, B, H, D/2 or 1]
+            before = (sums * (torch.arange(len(sums), device=dphi.device) < dist.get_rank(ctx.cp_group))
+                      .view(-1, *[1] * (sums.dim() - 1))).sum(0)  # masked, so every rank joins the gather's backward
+            dphi = torch.cat([dphi[:, :1] + before[:, None], dphi[:, 1:]], 1)
         state = ctx.state
         q, k, phi_T = cumulative_rotation(q, k, dphi, self.theta, phi0=None if state is None else state.phi)
         if state is not None:

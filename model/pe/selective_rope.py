@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from duality.kernels.recurrences.cp import from_previous
 from duality.kernels.rotary import rope_frequencies
 
 from ..core.context import TRAINING
@@ -132,6 +133,8 @@ class SelectiveRoPE(AccumulatedRotation):
         state = ctx.state
         if self.skip_conv:  # u_t - u_{t-1}: the cumulative sum below gives u_t back
             prev = None if state is None else state.u
+            if ctx.cp_group is not None:  # the previous slice's last u
+                prev = from_previous(u[:, -1:], ctx.cp_group)
             prev = torch.zeros_like(u[:, :1]) if prev is None else prev
             if state is not None:
                 state.u = u[:, -1:]
