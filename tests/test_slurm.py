@@ -116,7 +116,8 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
     assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
     # 4 ranks: 2 groups of 2, each group its own sequences (the data split over groups, not ranks)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_port=29563",
-                        "train.py", *tiny_overrides(tmp_path / "dp2cp2", data_cache, *opts, "train.context_parallel=2")],
+                        "train.py", *tiny_overrides(tmp_path / "dp2cp2", data_cache, *opts,
+                                                    "train.context_parallel=2")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "micro_batch 2 x grad_accum 2 x world 4 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
