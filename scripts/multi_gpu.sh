@@ -4,7 +4,8 @@
 #            order), 2 GPUs DDP, the 2-GPU run resumed from its step-100 checkpoint, 2 GPUs FSDP2
 #   fp32     20 steps in fp32 without compile: 1 GPU, 2 GPUs DDP, 2 GPUs FSDP2 (equal up to summation order)
 #   scaling  40 steps of 262,144-token batches (the embedded corpus holds 496 windows, fewer than the recipe's 512):
-#            tokens/s on 1 GPU (accum 8), 2 GPUs DDP and FSDP2 (accum 4)
+#            tokens/s on 1 GPU (accum 8), 2 GPUs DDP and FSDP2 (accum 4; parameters kept gathered through the
+#            micro-batches, train.fsdp_reshard=auto, and re-gathered for each, =true)
 #   dcp      sharded checkpoints (torch.distributed.checkpoint), fp32: 60 steps on 2 GPUs FSDP2, then its step-30
 #            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
 #   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
@@ -47,6 +48,7 @@ if [[ $mode == scaling || $mode == all ]]; then
   run scale_gpu1 1 $c
   run scale_gpu2_ddp 2 $c
   run scale_gpu2_fsdp 2 $c train.strategy=fsdp
+  run scale_gpu2_fsdp_reshard 2 $c train.strategy=fsdp train.fsdp_reshard=true  # re-gathered every micro-batch
 fi
 if [[ $mode == dcp ]]; then
   c="train.steps=60 train.global_batch_tokens=65536 train.log_interval=1 train.ckpt_interval=30 train.keep_checkpoints=3

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose, tiny_overrides
+from conftest import ROOT, compose, metrics_rows, tiny_overrides
 
 from duality import eval as eval_lib
 from duality import train as train_lib
@@ -77,6 +77,7 @@ def test_unknown_group_option_lists_choices():
     ("train.steps=0", "steps"),
     ("train.profile_steps=-1", "integer >= 0"),
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
+    ("train.fsdp_reshard=sometimes", "train.fsdp_reshard='sometimes'; valid choices: auto, true, false"),
     ("train.compile_mode=fast", r"valid choices: \['default', 'max-autotune-no-cudagraphs'"),
     ("model.sparse_loss=true", "needs model.fused_loss=true"),
 ])
@@ -316,6 +317,67 @@ def test_fsdp_matches_one_process_and_checkpoints_cross_strategies(tmp_path, dat
     train_lib.run(compose(tiny_overrides(tmp_path / "one", data_cache, *opts)))
     one = _losses(tmp_path / "one")
     assert sorted(one) == [7, 8] and all(one[s] == pytest.approx(ref[s], rel=1e-5) for s in one), (one, ref)
+
+
+@pytest.mark.slow
+def test_fsdp_with_parameters_kept_gathered_trains_and_saves_as_resharded(tmp_path, data_cache):
+    """train.fsdp_reshard=false (parameters gathered once a step, kept through the micro-batches, validation and the
+    save): the same losses, validation losses and checkpoint as the one-process run."""
+    opts = ("train.steps=6", "train.micro_batch=1", "optim.warmup=2", "train.eval_interval=2", "train.ckpt_interval=3")
+    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29539",
+                        "train.py", *tiny_overrides(tmp_path / "kept", data_cache, *opts, "train.strategy=fsdp",
+                                                    "train.fsdp_reshard=false")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "grad_accum 4 x world 2 (FSDP)" in r.stdout, r.stdout[-2000:]
+    rows = {k: {(x["step"], x.get("loss"), x.get("val_loss")) for x in metrics_rows(tmp_path / k)}
+            for k in ("ref", "kept")}
+    ref = {(s, "val" if v is not None else "train"): v if v is not None else lo for s, lo, v in rows["ref"]}
+    got = {(s, "val" if v is not None else "train"): v if v is not None else lo for s, lo, v in rows["kept"]}
+    assert set(got) == set(ref) and all(got[k] == pytest.approx(ref[k], rel=1e-5) for k in ref), (got, ref)
+    a, b = (torch.load(tmp_path / k / "checkpoints" / "step_0000006.pt", weights_only=False) for k in ("ref", "kept"))
+    for name, w in a["model"].items():
+        torch.testing.assert_close(b["model"][name], w, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _gathered_rank(rank: int, port: int, reshard: bool, out: str):
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from duality.model import build_model
+    from duality.trainer.runtime import Runtime
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=reshard)
+        model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"}, {"n_layer": 2, "d_model": 32,
+                                                                                  "n_heads": 2, "seq_len": 16}, 64))
+        rt.wrap(model, compile=False)
+        idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
+        sharded = []
+        with rt.no_sync():  # a micro-batch before the step's last
+            model(idx[:, :16], idx[:, 1:])[1].backward()
+        sharded.append(isinstance(model.blocks[0].mixer.qkv.weight, DTensor))
+        model(idx[:, :16], idx[:, 1:])[1].backward()  # the last: gradients reduced, parameters re-sharded
+        sharded.append(isinstance(model.blocks[0].mixer.qkv.weight, DTensor))
+        torch.save(sharded, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp_reshard_false_keeps_parameters_gathered_between_micro_batches(tmp_path, reshard):
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_gathered_rank, args=(port, reshard, str(tmp_path / "r")), nprocs=2, join=True)
+    for r in range(2):  # [after a micro-batch under no_sync, after the step's last]: sharded (DTensor) or not
+        assert torch.load(tmp_path / f"r.{r}") == ([True, True] if reshard else [False, True])
 
 
 @pytest.mark.slow

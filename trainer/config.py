@@ -199,6 +199,8 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.compile_mode={t.compile_mode!r}; valid choices: {list(COMPILE_MODES)}")
     if t.get("strategy", "ddp") not in STRATEGIES:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
+    if t.get("fsdp_reshard", "auto") not in ("auto", True, False):
+        raise ConfigError(f"train.fsdp_reshard={t.fsdp_reshard!r}; valid choices: auto, true, false")
     if t.get("checkpoint_format", "full") not in CHECKPOINT_FORMATS:
         raise ConfigError(f"train.checkpoint_format={t.checkpoint_format!r}; valid choices: {list(CHECKPOINT_FORMATS)}")
     if t.get("async_checkpoint") and t.get("checkpoint_format", "full") != "sharded":

@@ -37,6 +37,7 @@ class Runtime:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     distributed: bool = False
     fsdp: bool = False
+    fsdp_reshard: object = "auto"  # train.fsdp_reshard; prepare() resolves auto
     bf16: bool = False
     bf16_weights: bool = False  # train.dtype=bf16_weights: the model itself in bf16 (shard casts it)
     no_sync: object = None  # the wrapper's "skip the gradient all-reduce" context, set by wrap()
@@ -52,6 +53,7 @@ class Runtime:
         if rt.distributed:
             rt.rank, rt.world, rt.local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
         rt.fsdp = rt.distributed and t.get("strategy", "ddp") == "fsdp"
+        rt.fsdp_reshard = t.get("fsdp_reshard", "auto")
         cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
         rt.device = torch.device(f"cuda:{rt.local_rank}" if cuda else "cpu")
         rt.bf16 = t.dtype in ("bf16", "bf16_weights") or (t.dtype == "auto" and cuda)
@@ -105,7 +107,9 @@ class Runtime:
         """The model as this runtime trains it, in place, before the optimizer exists. train.dtype=bf16_weights: cast
         to bf16 (parameters, so gradients and AdamW state, and buffers). train.strategy=fsdp: FSDP2 shards each
         block, then the rest (embeddings, head), over all ranks; parameters become DTensors and are gathered one block
-        at a time in forward and backward."""
+        at a time in forward and backward. train.fsdp_reshard=false keeps them gathered from the first forward of a
+        step to the last backward: one all-gather a step instead of two a micro-batch (FSDP2 at 124m ran at 71% of
+        DDP's speed, re-gathering for every micro-batch)."""
         if self.cp > 1:
             try:
                 model.check_context_parallel()
@@ -118,16 +122,20 @@ class Runtime:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         mesh = init_device_mesh(self.device.type, (self.world,))
+        if self.fsdp_reshard == "auto":  # keep them gathered where that costs little memory
+            size = sum(p.numel() * p.element_size() for p in model.parameters())
+            free = torch.cuda.get_device_properties(self.device).total_memory if self.cuda else 0
+            self.fsdp_reshard = not size <= 0.05 * free
         for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
+        return fully_shard(model, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
 
     def wrap(self, model, compile: bool, mode: str = "default"):
         """The module the loop calls: compiled (torch.compile's `mode`) if asked, then DDP (FSDP has sharded the model
         in place)."""
         train_model = compile_fn(model, mode) if compile else model
         if self.fsdp:
-            self.no_sync = lambda: _fsdp_no_sync(model)
+            self.no_sync = lambda: _fsdp_no_sync(model, keep_gathered=not self.fsdp_reshard)
         elif self.distributed:
             from torch.nn.parallel import DistributedDataParallel as DDP
             # gradient_as_bucket_view: gradients live in the all-reduce buckets (no copy in, no second copy in
@@ -230,12 +238,17 @@ class Runtime:
 
 
 @contextmanager
-def _fsdp_no_sync(model):
+def _fsdp_no_sync(model, keep_gathered: bool):
+    """A micro-batch before the step's last: no gradient reduce-scatter, and (keep_gathered) no re-sharding of the
+    parameters after its backward, so the next micro-batch finds them gathered."""
     model.set_requires_gradient_sync(False)
+    if keep_gathered:
+        model.set_reshard_after_backward(False)
     try:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
 
 
 def _full_state_options():
