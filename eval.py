@@ -11,7 +11,7 @@
     python eval.py mode=kernel 'kernel.fresh=[transformer/alibi,retnet/nope,fox/nope,transformer/rope]'
 
 Modes:
-  lm_eval        lm-evaluation-harness scores through its HFLM (evals/harness.py); a seed-004-style markdown table
+  lm_eval        lm-evaluation-harness scores through its HFLM, batched (evals/harness.py); a seed-004 markdown table
   export         config.json + model.safetensors + tokenizer, for AutoModelForCausalLM after `import duality.hf`
   position_loss  next-token loss by position over long held-out windows (evals/position.py); JSON + log-x PNG
   perplexity     validation loss / perplexity; with several checkpoints also loss vs training context (PNG)

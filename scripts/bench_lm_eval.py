@@ -1,5 +1,6 @@
-"""Throughput of lm-eval scoring through the harness's own HFLM on this repo's transformers model (hf.py):
-loglikelihood requests per second at several batch sizes, and generate_until requests per second.
+"""Throughput of lm-eval scoring on this repo's transformers model (hf.py): loglikelihood requests per second through
+the harness's own HFLM and through this repo's batched subclass of it (evals/harness.py), with the largest difference
+between their scores, at several batch sizes; and generate_until requests per second.
 
 The requests are the harness's own for evals/local_tasks/pydoc_mc (each example = 4 (context, choice) requests),
 scored by HFLM.loglikelihood exactly as simple_evaluate would call it; generation is timed on pydoc_complete
@@ -59,8 +60,9 @@ def main():
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; {len(docs)} examples = "
           f"{len(reqs)} loglikelihood requests; {len(gens)} generate_until requests (16 new tokens at most); "
-          "the harness's HFLM")
-    print("| model | batch | loglikelihood requests/s | examples/s | generate_until requests/s |")
+          "the harness's HFLM and this repo's batched subclass (evals/harness.py), the same model")
+    print("| model | batch | loglikelihood requests/s: HFLM / batched | largest score difference | "
+          "generate_until requests/s |")
     print("|---|---|---|---|---|")
     models = [(None, *DualityForCausalLM.from_checkpoint(ck, device)) for ck in args.ckpts]
     models = [(f"{m.config.backbone['name']} + {m.config.pe['name']}", m, t) for _, m, t in models]
@@ -75,24 +77,28 @@ def main():
             tokenizer.save_pretrained(folder)
             print(f"{name}: saved to {folder} in {time.perf_counter() - t:.1f} s", flush=True)
         for bs in args.batch_sizes:
+            from lm_eval.models.huggingface import HFLM
             if folder is None:
-                lm = hflm(model, tokenizer, batch_size=bs)
+                plain = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=bs,
+                             device=str(device))
             else:
-                from lm_eval.models.huggingface import HFLM
                 t = time.perf_counter()
-                lm = HFLM(pretrained=folder, batch_size=bs, device=str(device))
+                plain = HFLM(pretrained=folder, batch_size=bs, device=str(device))
                 print(f"{name}: HFLM(pretrained=folder) built in {time.perf_counter() - t:.1f} s", flush=True)
-            lm.loglikelihood(reqs[:4 * bs], disable_tqdm=True)  # warm-up (kernels, autotuning)
-            sync()
+            rates, scores = [], []
+            for lm in (plain, hflm(model, tokenizer, batch_size=bs)):
+                lm.loglikelihood(reqs[:4 * bs], disable_tqdm=True)  # warm-up (kernels, autotuning)
+                sync()
+                t = time.perf_counter()
+                scores.append(lm.loglikelihood(reqs, disable_tqdm=True))
+                sync()
+                rates.append(len(reqs) / (time.perf_counter() - t))
+            diff = max(abs(a - b) for (a, _), (b, _) in zip(*scores))
             t = time.perf_counter()
-            lm.loglikelihood(reqs, disable_tqdm=True)
-            sync()
-            ll = len(reqs) / (time.perf_counter() - t)
-            t = time.perf_counter()
-            lm.generate_until(gens, disable_tqdm=True)
+            plain.generate_until(gens, disable_tqdm=True)
             sync()
             g = len(gens) / (time.perf_counter() - t)
-            print(f"| {name} | {bs} | {ll:,.0f} | {ll / 4:,.0f} | {g:,.1f} |", flush=True)
+            print(f"| {name} | {bs} | {rates[0]:,.0f} / {rates[1]:,.0f} | {diff:.1e} | {g:,.1f} |", flush=True)
 
 
 if __name__ == "__main__":

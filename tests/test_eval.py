@@ -76,6 +76,31 @@ def test_loglikelihood_equals_summed_token_logprobs(lm):
     assert greedy is (tok.encode("The module" + tok.decode([nxt])) == tok.encode("The module") + [nxt])
 
 
+def test_the_batched_scorer_gives_hflms_results_with_one_forward_per_distinct_row(lm, monkeypatch):
+    """evals/harness.py's subclass against the harness's own HFLM._loglikelihood_tokens on the same requests: equal
+    log-likelihoods (float64) and greedy flags, in the requests' order; choices that differ only in their last
+    token share one row, so four one-token choices cost one forward."""
+    from lm_eval.models.huggingface import HFLM
+    tok = lm.tok
+    ctx = tok.encode("Return the value of")
+    choices = [((None, None), ctx, [t]) for t in (259, 264, 300, 301)]  # one-token choices: one row
+    reqs = [("The module", " provides functions"), ("A very long context " * 30, " end"), ("Hello", " world and more")]
+    enc = choices + [((c, x), tok.encode(c), tok.encode(c + x)[len(tok.encode(c)):]) for c, x in reqs]
+    calls = []
+    real = type(lm)._model_call
+    monkeypatch.setattr(type(lm), "_model_call", lambda self, inps, **kw: calls.append(inps.shape) or real(self, inps,
+                                                                                                            **kw))
+    got = lm._loglikelihood_tokens(enc, disable_tqdm=True)
+    want = HFLM._loglikelihood_tokens(lm, enc, disable_tqdm=True)
+    assert [g for _, g in got] == [w for _, w in want]
+    for (a, _), (b, _) in zip(got, want):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-9)
+    calls.clear()
+    lm._loglikelihood_tokens(choices, disable_tqdm=True)
+    assert len(calls) == 1 and calls[0][0] == 1  # one row for the four choices
+    assert all(shape[1] % 64 == 0 or shape[1] == lm.max_length for shape in calls)
+
+
 def test_rolling_loglikelihood_scores_every_token_once(lm):
     text = "Return a new list containing all items from the iterable in ascending order. " * 4
     ids = lm.tok.encode(text)
@@ -118,8 +143,8 @@ def test_generate_until_through_the_cache_equals_repeated_full_forwards(lm):
 @pytest.mark.slow
 def test_export_loads_with_the_auto_classes_and_scores_through_the_harness_cli(ckpt, tmp_path, monkeypatch):
     """eval.py mode=export writes a folder that AutoModelForCausalLM / AutoTokenizer load (same logits, same ids as
-    the checkpoint), and `python -m duality.evals.harness --model hf` scores it as eval.py mode=lm_eval scores the
-    checkpoint."""
+    the checkpoint), and `python -m duality.evals.harness --model hf` (and `hf-batched`) scores it as eval.py
+    mode=lm_eval scores the checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     monkeypatch.chdir(ROOT)  # the task YAMLs name their JSONL files relative to the repo root
     out = tmp_path / "export"
@@ -143,15 +168,16 @@ def test_export_loads_with_the_auto_classes_and_scores_through_the_harness_cli(c
     # max_length past the 64-token training context: HFLM refuses a continuation longer than max_length
     res = eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", f"lm_eval.include_path={LOCAL}", "device=cpu",
                                 "lm_eval.tasks=[pydoc_mc]", "lm_eval.limit=16", "lm_eval.max_length=256"], "eval"))
-    r = subprocess.run([sys.executable, "-m", "duality.evals.harness", "--model", "hf", "--model_args",
-                        f"pretrained={out},max_length=256", "--tasks", "pydoc_mc", "--include_path", LOCAL,
-                        "--limit", "16", "--device", "cpu", "--batch_size", "4",
-                        "--output_path", str(tmp_path / "cli")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    cli = json.loads(next((tmp_path / "cli").rglob("results_*.json")).read_text())["results"]["pydoc_mc"]
     own = res["results"][str(ckpt)]["pydoc_mc"]
-    assert cli["acc,none"] == own["acc,none"] and cli["acc_norm,none"] == own["acc_norm,none"]
+    for scorer in ("hf", "hf-batched"):  # the harness's HFLM, and this repo's batched subclass of it
+        r = subprocess.run([sys.executable, "-m", "duality.evals.harness", "--model", scorer, "--model_args",
+                            f"pretrained={out},max_length=256", "--tasks", "pydoc_mc", "--include_path", LOCAL,
+                            "--limit", "16", "--device", "cpu", "--batch_size", "4",
+                            "--output_path", str(tmp_path / scorer)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        cli = json.loads(next((tmp_path / scorer).rglob("results_*.json")).read_text())["results"]["pydoc_mc"]
+        assert cli["acc,none"] == own["acc,none"] and cli["acc_norm,none"] == own["acc_norm,none"], scorer
 
 
 @pytest.mark.slow
