@@ -94,17 +94,24 @@ def test_two_torchrun_nodes_rendezvous_and_train_as_one_run(tmp_path, data_cache
 @pytest.mark.slow
 def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache):
     """train.context_parallel=2 under torchrun: two ranks split every sequence of GLA + RoPE (each its half, the
-    recurrence's state handed over) and train as the one-process run does, loss for loss, under DDP and FSDP2."""
-    opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2", "backbone=gla", "pe=rope")
+    recurrence's state handed over) and train as the one-process run does, loss for loss and validation loss for
+    validation loss (the windows split too), under DDP and FSDP2."""
+    opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2", "backbone=gla", "pe=rope",
+            "train.eval_interval=3")
+
+    def losses(run):  # every training and validation loss, by step
+        return {(r["step"], k): r[k] for r in metrics_rows(tmp_path / run) for k in ("loss", "val_loss") if k in r}
+
+    def same(run):
+        got, ref = losses(run), losses("ref")
+        return set(got) == set(ref) and len(ref) == 8 and all(got[k] == pytest.approx(ref[k], rel=1e-5) for k in ref)
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29557",
                         "train.py", *tiny_overrides(tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "world 2 (DDP), sequences split over 2" in r.stdout
-    ref = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "ref") if "loss" in r}
-    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "cp") if "loss" in r}
-    assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+    assert same("cp"), (losses("cp"), losses("ref"))
     # under FSDP2 the parameters are sharded over all ranks, the slices' ranks included: the same losses
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
                         "train.py", *tiny_overrides(tmp_path / "fsdp", data_cache, *opts, "train.context_parallel=2",
@@ -112,8 +119,7 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "world 2 (FSDP), sequences split over 2" in r.stdout
-    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "fsdp") if "loss" in r}
-    assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+    assert same("fsdp"), losses("fsdp")
     # 4 ranks: 2 groups of 2, each group its own sequences (the data split over groups, not ranks)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_port=29563",
                         "train.py", *tiny_overrides(tmp_path / "dp2cp2", data_cache, *opts,
@@ -121,8 +127,7 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "micro_batch 2 x grad_accum 2 x world 4 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
-    got = {r["step"]: r["loss"] for r in metrics_rows(tmp_path / "dp2cp2") if "loss" in r}
-    assert sorted(got) == list(range(1, 7)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
+    assert same("dp2cp2"), losses("dp2cp2")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29559",
                         "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2", "pe=t5",
                                                     "train.context_parallel=2")],

@@ -104,7 +104,8 @@ class Text(Objective):
     def evaluate(self, model):
         rt = self.rt
         val = validation_loss(model, self.val_windows, self.n_val, self.t.micro_batch, rt.device, rt.autocast,
-                              rt.data_rank, rt.data_world, self.tokenizer.eot_id if self.doc_boundaries else None)
+                              rt.data_rank, rt.data_world, self.tokenizer.eot_id if self.doc_boundaries else None,
+                              rt.cp_group)
         ppl = math.exp(min(val, 50))
         return {"val_loss": val}, {"val_loss": val, "val_ppl": ppl}, f"val loss {val:.4f} | val ppl {ppl:.2f}"
 
@@ -184,23 +185,29 @@ def build(cfg, rt, accum: int) -> Objective:
 
 @torch.no_grad()
 def validation_loss(model, windows, n_windows: int, micro_batch: int, device, autocast, rank: int = 0,
-                    world: int = 1, eot: int | None = None) -> float:
+                    world: int = 1, eot: int | None = None, cp_group=None) -> float:
     """Mean next-token loss over the first n_windows validation windows (fixed order), split across ranks (with
-    eot: documents packed and kept apart, as train.doc_boundaries trains)."""
+    eot: documents packed and kept apart, as train.doc_boundaries trains). rank and world count the groups that see
+    different windows; with cp_group each window is split over the group's ranks as in training (a window too long
+    for one GPU trains split, and is validated split too)."""
     model.eval()
     ids = list(range(min(n_windows, len(windows))))[rank::world]
     total, count = torch.zeros((), device=device), torch.zeros((), device=device)
     for i in range(0, len(ids), micro_batch):
         x, y = windows.batch(ids[i:i + micro_batch])
-        cu = None
+        cu, split = None, {}
         if eot is not None:
             x, y, cu = data_lib.pack_documents(x, y, eot)
             cu = cu.to(device)
+        if cp_group is not None:  # this rank's slice of each window
+            n = x.shape[1] // dist.get_world_size(cp_group)
+            x, y = (t[:, dist.get_rank(cp_group) * n:][:, :n] for t in (x, y))
+            split = {"cp_group": cp_group}
         with autocast:
-            _, loss = model(x.to(device), y.to(device), cu_seqlens=cu)
-        total += loss.float() * y.numel()  # by tokens: a packed batch is one row
+            _, loss = model(x.to(device), y.to(device), cu_seqlens=cu, **split)
+        total += loss.float() * y.numel()  # by tokens: a packed batch is one row; the slices sum to the window
         count += y.numel()
-    if world > 1:
+    if world > 1 or cp_group is not None:  # every rank holds a part: windows, or slices of them
         dist.all_reduce(total)
         dist.all_reduce(count)
     model.train()
