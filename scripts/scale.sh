@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Scaling over the GPUs of one node (1, 2, 4, 8): one record and one figure, drawn by scripts/scale_report.py.
+#   throughput  tokens/s, MFU and peak memory a GPU at a fixed batch a GPU (micro_batch x seq_len, no accumulation):
+#               370m/4096 GLA, Gated DeltaNet and transformer + RoPE under DDP and FSDP2; 1.3B transformer + RoPE and
+#               GLA under FSDP2 with activation checkpointing; STEPS steps (default 30), the median past the first 10
+#   loss        LOSS_STEPS (20) fp32 steps of 65,536 tokens without compile, 124m transformer + RoPE: each GPU count
+#               against 1 GPU
+#               (the same global batch, gradient accumulation making up the difference)
+#   sweep       seed 004's S2 comparison (scripts/synthetic_gpu.sh parity, EPOCHS, default 1) on 1 GPU and dealt out
+#               to every GPU: wall time of each
+# Usage: bash scripts/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in /tmp/scale)
+# NGPUS (default: 1 and each power of 2 up to the GPUs present) sets the counts. SMOKE=1 runs the same commands at the
+# tiny size on the CPU with gloo (NGPUS default "1 2"), which is how tests/test_scale.py checks the script.
+set -uo pipefail
+out=${1:?usage: scale.sh OUT [throughput|loss|sweep|all]}
+mode=${2:-all}
+mkdir -p "$out" /tmp/scale
+steps=${STEPS:-30}
+if [ -n "${SMOKE:-}" ]; then
+  gpus=${NGPUS:-1 2}
+  echo "cpu (SMOKE=1: tiny models, gloo)" > "$out/device.txt"
+  sizes=(tiny tiny) seq=64 lseq=64 micro=2 steps=${STEPS:-4} device=train.device=cpu compile=false
+  small=("transformer rope") large=("gla nope")
+else
+  have=$(nvidia-smi -L | wc -l)
+  gpus=${NGPUS:-$(n=1; while [ $n -le "$have" ]; do printf "%s " $n; n=$((n * 2)); done)}
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
+  sizes=(370m 1_3b) seq=4096 lseq=1024 micro=8 device= compile=true
+  small=("gla nope" "gated_deltanet nope" "transformer rope") large=("transformer rope" "gla nope")
+fi
+python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/device.txt"
+common="logger.mode=disabled train.progress=false train.sample_tokens=0 train.eval_interval=100000
+        train.ckpt_interval=100000 train.eval_tokens=$((seq * 2)) data.cache_dir=/tmp/scale/cache $device"
+run() {  # name nproc overrides...
+  name=$1 n=$2; shift 2
+  echo "=== $name ($n, started $(date +%T)): $*"
+  python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $common out_dir=/tmp/scale/$name "$@" \
+    > "$out/$name.log" 2>&1
+  echo "rc=$?"; grep -E "error|Error" "$out/$name.log" | tail -2
+  cp /tmp/scale/$name/metrics.jsonl "$out/$name.metrics.jsonl" 2>/dev/null
+}
+if [[ $mode == throughput || $mode == all ]]; then
+  for n in $gpus; do
+    batch="model.seq_len=$seq train.micro_batch=$micro train.global_batch_tokens=$((n * micro * seq)) train.steps=$steps
+           train.log_interval=1 train.compile=$compile"
+    for b in "${small[@]}"; do
+      set -- $b
+      for s in ddp fsdp; do
+        run "tp_${sizes[0]}_$1_${s}_n$n" "$n" model=${sizes[0]} backbone=$1 pe=$2 train.strategy=$s $batch
+      done
+    done
+    half=$(( micro / 2 > 0 ? micro / 2 : 1 ))
+    for b in "${large[@]}"; do
+      set -- $b
+      run "tp_${sizes[1]}_$1_fsdp_n$n" "$n" model=${sizes[1]} backbone=$1 pe=$2 train.strategy=fsdp \
+        train.activation_checkpointing=full $batch train.micro_batch=$half train.global_batch_tokens=$((n * half * seq))
+    done
+  done
+fi
+if [[ $mode == loss || $mode == all ]]; then
+  lsize=124m; [ -n "${SMOKE:-}" ] && lsize=tiny
+  for n in $gpus; do
+    run "loss_n$n" "$n" model=$lsize train.steps=${LOSS_STEPS:-20} train.global_batch_tokens=$((8 * micro * lseq)) \
+      train.micro_batch=$micro model.seq_len=$lseq train.log_interval=1 train.dtype=fp32 train.compile=false
+  done
+fi
+if [[ $mode == sweep || $mode == all ]] && [ -z "${SMOKE:-}" ]; then
+  most=$(echo $gpus | tr ' ' '\n' | tail -1)
+  for g in "0" "$(seq -s ' ' 0 $((most - 1)))"; do  # every job on one GPU, then dealt out to all
+    k=$(echo $g | wc -w) t=$(date +%s)
+    RUNS=/tmp/scale/sweep_$k GPUS="$g" EPOCHS=${EPOCHS:-1} bash scripts/synthetic_gpu.sh /tmp/scale/sweep_out parity \
+      > "$out/sweep_${k}gpu.log" 2>&1
+    echo "{\"gpus\": $k, \"wall_s\": $(( $(date +%s) - t ))}" >> "$out/sweep.jsonl"
+  done
+fi
+python3 scripts/scale_report.py "$out"

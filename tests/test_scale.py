@@ -1,0 +1,46 @@
+"""scripts/scale.sh and scale_report.py (the 8-GPU scaling record): the script's commands run at the tiny size on the
+CPU with gloo (SMOKE=1), and the report's arithmetic on known numbers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import scale_report  # noqa: E402
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_scaling_efficiency_and_loss_differences(tmp_path):
+    for n, tps in ((1, 100.0), (2, 150.0), (4, 360.0)):  # steps 1-3 are warm-up (the first third), then steady
+        write(tmp_path / f"tp_370m_gla_ddp_n{n}.metrics.jsonl",
+              [{"step": s, "loss": 1.0, "tokens_per_s": 1.0 if s <= 3 else tps, "mfu": 0.3, "peak_mem_gib": n}
+               for s in range(1, 10)])
+    write(tmp_path / "loss_n1.metrics.jsonl", [{"step": s, "loss": 2.0} for s in (1, 2)])
+    write(tmp_path / "loss_n4.metrics.jsonl", [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 2.5}])
+    rec = scale_report.main(tmp_path)
+    tp = rec["throughput"]["370m_gla_ddp"]
+    assert [tp[n]["tokens_per_s"] for n in (1, 2, 4)] == [100.0, 150.0, 360.0]
+    assert [tp[n]["efficiency"] for n in (1, 2, 4)] == [1.0, 0.75, 0.9]
+    assert rec["loss"][4] == {"steps": 2, "max_abs_loss_diff": 0.5, "mean_abs_loss_diff": 0.25}
+    assert "| 370m_gla_ddp | 4 | 360 | 3.60 | 90% | 0.300 | 4.0 |" in (tmp_path / "scale.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
+    env = {**os.environ, "SMOKE": "1", "STEPS": "3", "LOSS_STEPS": "4", "PATH": f"{os.path.dirname(sys.executable)}:"
+           f"{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path), "all"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0 and r.stdout.count("rc=0") == 8, r.stdout[-3000:]
+    rec = json.loads((tmp_path / "scale.json").read_text())
+    assert set(rec["throughput"]) == {"tiny_transformer_ddp", "tiny_transformer_fsdp", "tiny_gla_fsdp"}
+    assert all(set(v) == {"1", "2"} and v["1"]["efficiency"] == 1.0 for v in rec["throughput"].values())
+    assert rec["loss"]["2"]["max_abs_loss_diff"] < 1e-5  # 2 gloo processes against 1 with accumulation, fp32
+    assert (tmp_path / "scale.png").stat().st_size > 10_000
