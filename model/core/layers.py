@@ -7,6 +7,7 @@ import logging
 
 import torch
 import torch.nn.functional as F
+from duality.kernels.recurrences.cp import from_previous
 from duality.kernels.varlen import document_positions
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -55,7 +56,6 @@ class ShortConv(nn.Module):
         if ctx.cp_group is not None:  # a slice of a longer sequence: the previous slice's last inputs come first
             if T < K - 1:
                 raise ValueError(f"a short convolution of kernel {K} needs slices of at least {K - 1} tokens, got {T}")
-            from duality.kernels.recurrences.cp import from_previous
             full = torch.cat([from_previous(x[:, T - (K - 1):], ctx.cp_group), x], 1)
             return self(full, Context(ctx.offset), name)[:, K - 1:]
         cache, cu_seqlens = (None if ctx.state is None else ctx.state.conv), ctx.cu_seqlens
