@@ -2,6 +2,8 @@
 group and folder a user's environment gives win over this repo's defaults; a value set in the config wins over both;
 an unreachable server is one warning and an offline run."""
 
+import time
+
 import pytest
 from conftest import compose, tiny_overrides
 
@@ -26,6 +28,15 @@ def run_files(folder):
     return sorted(folder.glob("wandb/offline-run-*/run-*.wandb"))
 
 
+def run_data(path, expected: bytes, timeout: float = 60.0) -> bytes:
+    """The run file's bytes once they hold `expected`: wandb's service may still be writing them after finish()
+    returns (seen on a loaded machine: the header alone), so wait for it rather than read too early."""
+    deadline = time.monotonic() + timeout
+    while expected not in (data := path.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return data
+
+
 def test_wandb_mode_disabled_in_the_environment_writes_no_run(tmp_path, data_cache, env):
     env.setenv("WANDB_MODE", "disabled")
     train(tmp_path / "run", data_cache)  # logger.mode=auto
@@ -47,11 +58,11 @@ def test_project_name_group_and_dir_come_from_the_environment_unless_the_config_
     train(tmp_path / "a", data_cache)
     assert not (tmp_path / "a" / "wandb").exists()
     (found,) = run_files(tmp_path / "wandb-dir")
-    data = found.read_bytes()
+    data = run_data(found, b"group-from-env")
     assert b"proj-from-env" in data and b"name-from-env" in data and b"group-from-env" in data
     train(tmp_path / "b", data_cache, "logger.project=proj-from-config", "logger.run_name=name-from-config")
     (second,) = [f for f in run_files(tmp_path / "wandb-dir") if f != found]
-    data = second.read_bytes()
+    data = run_data(second, b"name-from-config")
     assert b"proj-from-config" in data and b"name-from-config" in data and b"proj-from-env" not in data
 
 
