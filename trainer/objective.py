@@ -55,8 +55,7 @@ class Objective:
             if self.doc_boundaries:  # boundaries found on the host: no sync
                 batch = data_lib.pack_documents(*batch, self.tokenizer.eot_id)
             if self.rt.cp > 1:  # this rank's slice of every sequence (train.context_parallel)
-                n = batch[0].shape[1] // self.rt.cp
-                batch = [b[:, self.rt.rank % self.rt.cp * n:][:, :n] for b in batch]
+                batch = context_slice(batch, self.rt.cp_group)
             if self.rt.cuda:  # from pinned memory the copy is asynchronous: the host runs ahead of the GPU
                 batch = [b.pin_memory() for b in batch]
             batch = tuple(b.to(self.rt.device, non_blocking=True) for b in batch)
@@ -176,6 +175,14 @@ class Task(Objective):
         print(f"accuracy vs {task.unit}: {plot}")
 
 
+def context_slice(tensors, group) -> list:
+    """This rank's slice of each [B, T] tensor whose sequences are split over a context-parallel group: equal
+    slices in rank order (GPT.forward places this rank's tokens at rank * T / N)."""
+    n = tensors[0].shape[1] // dist.get_world_size(group)
+    r = dist.get_rank(group)
+    return [t[:, r * n:(r + 1) * n] for t in tensors]
+
+
 def build(cfg, rt, accum: int) -> Objective:
     """The objective of cfg.data, its data ready and batched over ranks (`accum` micro-batches per step)."""
     objective = Task(cfg, rt) if tasks.is_task(cfg.data) else Text(cfg, rt)
@@ -200,8 +207,7 @@ def validation_loss(model, windows, n_windows: int, micro_batch: int, device, au
             x, y, cu = data_lib.pack_documents(x, y, eot)
             cu = cu.to(device)
         if cp_group is not None:  # this rank's slice of each window
-            n = x.shape[1] // dist.get_world_size(cp_group)
-            x, y = (t[:, dist.get_rank(cp_group) * n:][:, :n] for t in (x, y))
+            x, y = context_slice((x, y), cp_group)
             split = {"cp_group": cp_group}
         with autocast:
             _, loss = model(x.to(device), y.to(device), cu_seqlens=cu, **split)
