@@ -312,3 +312,43 @@ def test_read_only_and_forbidden_places_are_one_error_line(code, capsys, monkeyp
     assert e.value.code == 2
     why = os.strerror(getattr(errno, code))
     assert capsys.readouterr().err.strip() == f"error: /data/cache/train.bin: {why} ({code})"
+
+
+def test_each_backward_runs_in_its_micro_batchs_no_sync_and_the_forwards_attention_backends():
+    """FSDP2 reads its no-sync flags in backward (a micro-batch's backward outside them reduce-scattered and
+    re-sharded every micro-batch), and activation checkpointing recomputes the forward in backward, where it must
+    pick the same SDPA kernel (cuDNN's and flash's saved tensors differ in shape): so each backward sees both."""
+    from contextlib import contextmanager
+    syncing, seen = [True], []
+
+    @contextmanager
+    def skip_sync():
+        syncing[0] = False
+        try:
+            yield
+        finally:
+            syncing[0] = True
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, w):
+            return w.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append((syncing[0], torch._C._get_sdp_priority_order()))
+            return g
+
+    w = torch.nn.Parameter(torch.ones(3))
+    model = type("M", (torch.nn.Module,), {"forward": lambda self, x, y: (None, (Probe.apply(self.w) * x).sum())})()
+    model.w = w
+    opt = torch.optim.SGD([w], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    from duality.trainer.runtime import training_backends
+    with training_backends():
+        forward_order = torch._C._get_sdp_priority_order()
+    x = torch.ones(3)
+    train_step(model, [(x, x), (x, x), (x, x)], 3, opt, sched, torch.autocast("cpu", enabled=False), None,
+               skip_sync=skip_sync)
+    assert seen == [(False, forward_order), (False, forward_order), (True, forward_order)]
+    assert forward_order != torch._C._get_sdp_priority_order()  # the default order is back after the step

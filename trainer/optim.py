@@ -55,9 +55,13 @@ def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, aut
     for micro, (x, y, *extra) in enumerate(micro_batches):  # (x, y), (x, y, cu_seqlens) or (x, y, {model kwargs})
         sync = skip_sync() if skip_sync is not None and micro < accum - 1 else nullcontext()
         kw = (extra[0] if isinstance(extra[0], dict) else {"cu_seqlens": extra[0]}) if extra else {}
-        with sync, autocast, training_backends():
-            _, loss = train_model(x, y, **kw)
-        (loss / accum).backward()
+        # the backward inside both contexts: FSDP2 reads its no-sync flags in backward (outside, every micro-batch
+        # reduce-scattered its gradients and re-sharded), and activation checkpointing's recompute must pick the
+        # forward's SDPA kernel (cuDNN's and flash's saved log-sum-exp shapes differ; torch.utils.checkpoint refuses)
+        with sync, training_backends():
+            with autocast:
+                _, loss = train_model(x, y, **kw)
+            (loss / accum).backward()
         loss_sum = loss_sum + loss.detach() / accum
     # grad_clip null: the norm is still computed (for the log and the non-finite check), nothing is clipped
     grad_norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), math.inf if grad_clip is None else grad_clip)
