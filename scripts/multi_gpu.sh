@@ -4,12 +4,14 @@
 #            order), 2 GPUs DDP, the 2-GPU run resumed from its step-100 checkpoint, 2 GPUs FSDP2
 #   fp32     20 steps in fp32 without compile: 1 GPU, 2 GPUs DDP, 2 GPUs FSDP2 (equal up to summation order)
 #   scaling  40 steps of 262,144-token batches (the embedded corpus holds 496 windows, fewer than the recipe's 512):
-#            tokens/s on 1 GPU (accum 8), 2 GPUs DDP and FSDP2 (accum 4; parameters kept gathered through the
-#            micro-batches, train.fsdp_reshard=auto, and re-gathered for each, =true)
+#            tokens/s on SCALE_GPUS (default 2) GPUs with DDP and FSDP2 (parameters kept gathered through the
+#            micro-batches, train.fsdp_reshard=auto, and re-gathered for each, =true), then on 1 GPU (accum 8)
 #   dcp      sharded checkpoints (torch.distributed.checkpoint), fp32: 60 steps on 2 GPUs FSDP2, then its step-30
 #            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
 #   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
-# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|dcp|cp|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
+#   longest  the longest GLA sequence (370m, bf16, full activation checkpointing) that trains one step on 1, 2 and 4
+#            GPUs, one sequence split over them (scripts/longest_cp.py): a ladder by GPU memory, tried in order
+# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|dcp|cp|longest|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
 set -uo pipefail
 out=${1:?usage: multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]}
 mode=${2:-all}
@@ -45,10 +47,11 @@ if [[ $mode == fp32 || $mode == all ]]; then
 fi
 if [[ $mode == scaling || $mode == all ]]; then
   c="train.steps=40 train.global_batch_tokens=262144 train.log_interval=10 train.ckpt_interval=100000"
+  n=${SCALE_GPUS:-2}  # the GPU count of the DDP / FSDP2 runs (2 or 4)
+  run scale_gpu${n}_ddp $n $c
+  run scale_gpu${n}_fsdp $n $c train.strategy=fsdp
+  run scale_gpu${n}_fsdp_reshard $n $c train.strategy=fsdp train.fsdp_reshard=true  # re-gathered every micro-batch
   run scale_gpu1 1 $c
-  run scale_gpu2_ddp 2 $c
-  run scale_gpu2_fsdp 2 $c train.strategy=fsdp
-  run scale_gpu2_fsdp_reshard 2 $c train.strategy=fsdp train.fsdp_reshard=true  # re-gathered every micro-batch
 fi
 if [[ $mode == dcp ]]; then
   c="train.steps=60 train.global_batch_tokens=65536 train.log_interval=1 train.ckpt_interval=30 train.keep_checkpoints=3
@@ -68,6 +71,21 @@ if [[ $mode == cp ]]; then
   run cp_gpu1 1 $c
   run cp_gpu2 2 $c train.context_parallel=2
   run cp_gpu4 4 $c train.context_parallel=4
+fi
+if [[ $mode == longest ]]; then  # the longest sequence that trains one step at 370m: 65,536 first, then a ladder
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # near the limit, fragmentation decides otherwise
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  if [ "$mem" -gt 100000 ]; then ladder="786432 819200 851968"; else ladder="393216 425984 458752"; fi
+  for n in 1 2 4; do
+    [ "$n" -gt "$(nvidia-smi -L | wc -l)" ] && break
+    lengths=$(for x in $ladder; do printf "%s " $((x * n)); done)
+    echo "=== gla+nope on $n GPU(s), started $(date +%T): 65536 $lengths"
+    python3 -m torch.distributed.run --standalone --nproc_per_node=$n scripts/longest_cp.py --case gla+nope --steps 1 \
+      --lengths 65536 $lengths --out "$out/longest_cp.jsonl" > "$out/longest_gla_$n.log" 2>&1
+    grep -h " tokens " "$out/longest_gla_$n.log" | tail -3
+  done
+  python3 scripts/longest_cp.py --report "$out/longest_cp.jsonl" --command "bash scripts/multi_gpu.sh OUT longest"
+  exit 0
 fi
 python3 scripts/multi_gpu_report.py "$out"
 

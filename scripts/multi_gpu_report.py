@@ -18,7 +18,9 @@ GROUPS = {
                            "fp32_gpu2_fsdp": "2 GPUs FSDP2 fp32"}),
     "scaling": ("scale_gpu1", {"scale_gpu1": "1 GPU (accum 8)", "scale_gpu2_ddp": "2 GPUs DDP (accum 4)",
                                "scale_gpu2_fsdp": "2 GPUs FSDP2 (accum 4)",
-                               "scale_gpu2_fsdp_reshard": "2 GPUs FSDP2 (accum 4), re-sharded every micro-batch"}),
+                               "scale_gpu2_fsdp_reshard": "2 GPUs FSDP2 (accum 4), re-sharded every micro-batch",
+                               "scale_gpu4_ddp": "4 GPUs DDP (accum 2)", "scale_gpu4_fsdp": "4 GPUs FSDP2 (accum 2)",
+                               "scale_gpu4_fsdp_reshard": "4 GPUs FSDP2 (accum 2), re-sharded every micro-batch"}),
     "dcp": ("dcp_fsdp2", {"dcp_fsdp2": "2 GPUs FSDP2, sharded checkpoints",
                           "dcp_resume2": "2 GPUs FSDP2, resumed at 30",
                           "dcp_resume1": "1 GPU, resumed at 30 (2 -> 1)", "dcp_async": "2 GPUs FSDP2, asynchronous"}),
@@ -42,7 +44,7 @@ def compare(out: Path, ref_name: str, labels: dict) -> tuple[dict, dict]:
     for name, r in runs.items():
         common = sorted(set(r) & set(ref)) if ref else []
         diffs = [abs(r[s]["loss"] - ref[s]["loss"]) for s in common]
-        skip = 20 if max(r) > 40 else 0  # past compilation and warm-up
+        skip = 20 if max(r) > 40 else min(r)  # past compilation and warm-up (the first logged row at least)
         tps = [r[s]["tokens_per_s"] for s in sorted(r) if s > skip] or [r[max(r)]["tokens_per_s"]]
         same = next((s for s in common if r[s]["loss"] != ref[s]["loss"]), None)
         res[name] = {"label": labels[name], "steps": [min(r), max(r)], "final_loss": r[max(r)]["loss"],
@@ -70,9 +72,10 @@ def main(out: Path):
                   "speed-up | peak GiB |", "|---|---|---|---|---|---|---|---|"]
         for v in res.values():
             f = (lambda x: "-" if x is None else f"{x:.2e}")
+            f2 = (lambda x: "-" if x is None else f"{x:.2f}")
             lines.append(f"| {v['label']} | {v['steps'][0]}-{v['steps'][1]} | {v['final_loss']:.4f} | "
                          f"{f(v['max_abs_loss_diff'])} | {f(v['mean_abs_loss_diff'])} | "
-                         f"{v['tokens_per_s_median']:,.0f} | {v['speedup']:.2f} | {v['peak_mem_gib']:.1f} |")
+                         f"{v['tokens_per_s_median']:,.0f} | {f2(v['speedup'])} | {v['peak_mem_gib']:.1f} |")
         if group == "curves" and {"gpu2_ddp", "gpu2_resume"} <= set(runs):
             a, b = runs["gpu2_ddp"], runs["gpu2_resume"]
             report["resume_max_abs_loss_diff"] = max(abs(a[s]["loss"] - b[s]["loss"]) for s in b)

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_train  # noqa: E402  (the benchmark's own table functions)
+import longest_cp  # noqa: E402
 import official_ab  # noqa: E402
 import seed_spread  # noqa: E402
 
@@ -34,6 +35,8 @@ MULTI_GPU = DOCS / "multi_gpu/multi_gpu.json"
 FSDP_1_3B = DOCS / "multi_gpu/fsdp2_1_3b_2xh100.json"
 VERDICTS = DOCS / "synthetic/verdicts.json"
 OFFICIAL_AB = DOCS / "synthetic/official_ab_s2_2026-11-26.json"
+CP_LONGEST = [DOCS / "multi_gpu/cp_longest_h100_2026-11-26.json", DOCS / "multi_gpu/cp_longest_h200_2026-11-26.json"]
+SCALING_4 = DOCS / "multi_gpu/scaling_4xh100_2026-11-26.json"
 NAMES = {"ref": "nanoGPT reference", "transformer+rope": "transformer + RoPE", "gla+nope": "GLA",
          "gated_deltanet+nope": "Gated DeltaNet", "fox+nope": "FoX", "sympow+rope": "sympow",
          "gla+selective_rope": "GLA + Selective RoPE"}
@@ -149,6 +152,28 @@ def dcp_table() -> str:
     return "\n".join(lines) + f"\n\n{short_device(rec['device'])}, {rec['date']}, {rec['software']}: `{rec['command']}`"
 
 
+def cp_longest_table() -> str:
+    """One sequence split over 1, 2 and 4 GPUs of one machine: the longest that trains one step, per GPU kind."""
+    parts = []
+    for path in CP_LONGEST:
+        rec = load(path)
+        parts.append(f"**{short_device(rec['device'])}** ({rec['date']}, torch {rec['torch'].split('+')[0]}, "
+                     f"[record](docs/{path.relative_to(DOCS)})):\n\n{longest_cp.table(rec['summary'])}")
+    return "\n\n".join(parts)
+
+
+def scaling_4_table() -> str:
+    """DDP and FSDP2 on 4 GPUs at 124m: tokens/s against 1 GPU and against DDP."""
+    rec = load(SCALING_4)
+    lines = ["| run | tokens/s (median) | × 1 GPU | × DDP | loss difference to 1 GPU: max | peak GiB a GPU |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rec["runs"].values():
+        lines.append(f"| {r['label']} | {r['tokens_per_s_median']:,.0f} | {r['speedup']:.2f} | {r['x_ddp']:.2f} | "
+                     f"{r['max_abs_loss_diff']:.1e} | {r['peak_mem_gib']:.1f} |")
+    return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, {rec['software']}: "
+                              f"`{rec['command']}` ({rec['settings']})")
+
+
 def official_ab_table() -> str:
     return official_ab.table(load(OFFICIAL_AB))
 
@@ -252,7 +277,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table, "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
-          "official_ab_fits": official_ab_fits_table, "dcp": dcp_table}
+          "official_ab_fits": official_ab_fits_table, "dcp": dcp_table, "cp_longest": cp_longest_table,
+          "scaling_4": scaling_4_table}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 
