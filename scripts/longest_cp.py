@@ -64,7 +64,9 @@ def run(args) -> None:
     torch.manual_seed(0)
     model, optim_cfg, _ = build(args.case, model_name, max(lengths), vocab, args.set)
     model = model.to(device)
-    train_model = DDP(model, device_ids=[local] if cuda else None) if world > 1 else model
+    # as trainer/runtime.py wraps it: gradients in the all-reduce buckets (one fp32 copy, not two), no buffer broadcast
+    train_model = (DDP(model, device_ids=[local] if cuda else None, gradient_as_bucket_view=True,
+                       broadcast_buffers=False) if world > 1 else model)
     optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)

@@ -249,6 +249,18 @@ def summary_table() -> str:
                  f"{ddp['speedup']:.2f}× / {fsdp['speedup']:.2f}×; fp32 losses within "
                  f"{max(r['max_abs_loss_diff'] for r in mg['fp32'].values()):.0e}",
                  f"{short_device(mg['device'])}, {mg['date']}", "docs/multi_gpu/README.md"))
+    s4 = load(SCALING_4)
+    ddp4, fsdp4 = s4["runs"]["scale_gpu4_ddp"], s4["runs"]["scale_gpu4_fsdp"]
+    rows.append(("4 GPUs against 1, 124m (DDP / FSDP2)", f"{ddp4['speedup']:.2f}× / {fsdp4['speedup']:.2f}×; FSDP2 at "
+                 f"{fsdp4['x_ddp']:.0%} of DDP", f"{short_device(s4['device'])}, {s4['date']}",
+                 "docs/multi_gpu/README.md"))
+    cp = [s for s in load(CP_LONGEST[-1])["summary"] if s["case"] == "gla+nope"]
+    one, most = cp[0], cp[-1]
+    cp_rec = load(CP_LONGEST[-1])
+    rows.append((f"One 370m GLA sequence split over {most['gpus']} GPUs (context parallelism)",
+                 f"{most['longest']['seq_len']:,} tokens, {most['x_one_gpu']:.2f}× one GPU's longest, "
+                 f"{most['longest']['tokens_per_s'] / one['longest']['tokens_per_s']:.2f}× its tokens/s",
+                 f"{most['gpus']} × {short_device(cp_rec['device'])}, {cp_rec['date']}", "docs/multi_gpu/README.md"))
     speed, mem2, mem1 = fsdp_1_3b()
     f13 = load(FSDP_1_3B)
     rows.append(("1.3B under FSDP2, 2 GPUs against 1", f"{speed:.2f}×, {mem2:.1f} GiB a GPU against {mem1:.1f}",

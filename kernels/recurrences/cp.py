@@ -94,7 +94,7 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):
     for j in range(world):
         keep = float(j < rank)
         S0 = keep * (decays[j][..., None] * S0 + finals[j]) + (1.0 - keep) * S0
-    # in q's dtype (bf16 under autocast, where the einsum ran in bf16 anyway): fp32 copies of q, o and the sum were
-    # ~5 GiB a rank at 786k tokens, the gap between 3.84x and 4x one GPU's longest sequence (H200, 2026-11-26)
+    # in q's dtype (bf16 under autocast, where the einsum ran in bf16 anyway): no fp32 copies of q, o and their sum,
+    # each [B, T_r, H, K or V] (1.6-3.2 GB a layer at 786k tokens a rank)
     carried = torch.einsum("bthk,bhkv->bthv", q * torch.exp(G).to(q.dtype), S0.to(q.dtype)) * scale
     return o + carried.to(o.dtype)
