@@ -263,6 +263,27 @@ def test_activation_checkpointing_compiled_gives_the_plain_gradients(backbone):
         assert _rel(grads[mode], grads["none"]) < tol, (mode, _rel(grads[mode], grads["none"]))
 
 
+def test_activation_checkpointing_eager_bf16_through_train_step():
+    """Full checkpointing in eager bf16, stepped as train.py steps: the recompute runs in the forward's SDPA backends
+    (cuDNN first). Outside them it picked another kernel, whose saved log-sum-exp differs in shape, and
+    torch.utils.checkpoint refused the step (the 370m transformer on an H200, 2026-11-26)."""
+    from duality.trainer.optim import train_step
+    x = torch.randint(0, 512, (2, 257), device="cuda")
+    grads = {}
+    for mode in ("none", "full"):
+        model = _model("transformer")
+        model.set_activation_checkpointing(mode)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+        def keep(loss, norm, mode=mode, model=model):  # the guard sees the gradients before they are cleared
+            grads[mode] = torch.cat([p.grad.flatten() for p in model.parameters()])
+            return False
+        train_step(model, [(x[:, :-1], x[:, 1:])], 1, opt, sched, torch.autocast("cuda", dtype=torch.bfloat16), None,
+                   guard=keep)
+    assert _rel(grads["full"], grads["none"]) < 2e-2, _rel(grads["full"], grads["none"])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gated_output_fla_kernel_matches_the_function(dtype):
     """GatedOutput eager on CUDA runs FLA's fused norm-gate kernel; compiled (and on the CPU) its own autograd.Function:

@@ -76,15 +76,15 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):
     group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], g [B, T_r, H, K] or [B, T_r, H, 1] (log gate)."""
     import torch.distributed as dist
 
-    from ..attention.reference import cumulative_log_decay
     from . import gated
     group = group or dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     o, final = gated(q, k, v, g, scale, None, True, impl=impl)
     dt = torch.promote_types(q.dtype, torch.float32)  # the hand-over in at least fp32, as the state is kept
-    # [B, T_r, H, K or 1], summed along a transposed view's last axis: torch's cumsum over the time axis made each
-    # rank 3.4x slower than one GPU per token at 370m (H200, 2026-11-26: a scan over 393k tokens; 1.36x after)
-    G = cumulative_log_decay(g).to(dt)
+    # [B, T_r, H, K or 1], summed along a transposed view's last axis (as attention's cumulative_log_decay; importing it
+    # from kernels.attention would make an import cycle): torch's cumsum over the time axis made each rank 3.4x
+    # slower than one GPU per token at 370m (H200, 2026-11-26: a scan over 393k tokens; 1.3-1.4x after)
+    G = torch.cumsum(g.to(dt).transpose(1, -1), -1).transpose(1, -1)
     decay = torch.exp(G[:, -1])  # [B, H, K or 1]
     finals = gather(final.to(dt), group)  # [world, B, H, K, V]
     decays = gather(decay, group)  # [world, B, H, K or 1]
