@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..recurrences.cp import gather
+from ..cp import gather
 from . import decayed_attention
 from .kernel import _triton_ok
 

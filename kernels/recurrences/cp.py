@@ -23,30 +23,15 @@ matrix and the correction of each output needs the product up to that token. So 
     carried state:   S0_r = A_{r-1} S0_{r-1} + F_{r-1},  S0_0 = 0                 (one all_gather of (A, F))
     pass 2, from S0_r with the real values:           o_t, exact
 
-Short convolutions (from_previous): a token's causal convolution reads the K - 1 inputs before it, so each rank
-prepends the previous slice's last K - 1 (zeros on rank 0) and drops those outputs.
+The collectives (gather) are kernels/cp.py's, shared with attention's form and the model's.
 """
 
 from __future__ import annotations
 
 import torch
 
-
-def gather(x, group):
-    """[world, *x.shape]: every rank's x in rank order. Differentiable: its backward sums each rank's gradient
-    contributions back to the rank that owns the slice (so every rank must run it, and its backward)."""
-    from torch.distributed import _functional_collectives as fc
-    # torch renamed the autograd gather (the old name warns from 2.12 on)
-    f = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
-    return f(x[None].contiguous(), 0, group)
-
-
-def from_previous(x, group):
-    """The previous rank's x (zeros on rank 0), differentiable: its gradient goes back to that rank."""
-    import torch.distributed as dist
-    rank = dist.get_rank(group)
-    # every rank uses the gathered tensor (rank 0 times zero), so every rank joins its backward
-    return gather(x, group)[rank - 1] * float(rank > 0)
+from ..attention.reference import cumulative_log_decay
+from ..cp import gather
 
 
 def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = None):
@@ -81,10 +66,9 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     o, final = gated(q, k, v, g, scale, None, True, impl=impl)
     dt = torch.promote_types(q.dtype, torch.float32)  # the hand-over in at least fp32, as the state is kept
-    # [B, T_r, H, K or 1], summed along a transposed view's last axis (as attention's cumulative_log_decay; importing it
-    # from kernels.attention would make an import cycle): torch's cumsum over the time axis made each rank 3.4x
-    # slower than one GPU per token at 370m (H200, 2026-11-26: a scan over 393k tokens; 1.3-1.4x after)
-    G = torch.cumsum(g.to(dt).transpose(1, -1), -1).transpose(1, -1)
+    # [B, T_r, H, K or 1], summed along a transposed view's last axis: torch's cumsum over the time axis made each
+    # rank 3.4x slower than one GPU per token at 370m (H200, 2026-11-26: a scan over 393k tokens; 1.3-1.4x after)
+    G = cumulative_log_decay(g).to(dt)
     decay = torch.exp(G[:, -1])  # [B, H, K or 1]
     finals = gather(final.to(dt), group)  # [world, B, H, K, V]
     decays = gather(decay, group)  # [world, B, H, K or 1]

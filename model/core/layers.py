@@ -7,7 +7,7 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from duality.kernels.recurrences.cp import from_previous
+from duality.kernels.cp import from_previous
 from duality.kernels.varlen import document_positions
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from duality.common.errors import ConfigError
-from duality.kernels.recurrences.cp import gather
+from duality.kernels.cp import gather
 from duality.kernels.rotary import cumulative_rotation
 
 from ..core.context import TRAINING, Context, Dims

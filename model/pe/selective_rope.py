@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from duality.kernels.recurrences.cp import from_previous
+from duality.kernels.cp import from_previous
 from duality.kernels.rotary import rope_frequencies
 
 from ..core.context import TRAINING
