@@ -14,6 +14,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from duality.common.io import write_atomic
+from duality.common.plots import save_figure
+
 
 def rows(path: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
@@ -69,32 +72,26 @@ def main(out: Path) -> dict:
                   for n, v in rec["loss"].items() if v["max_abs_loss_diff"] is not None]
     if sweep:
         lines += ["", "| sweep on | wall |", "|---:|---:|"] + [f"| {s['gpus']} GPUs | {s['wall_s']} s |" for s in sweep]
-    (out / "scale.json").write_text(json.dumps(rec, indent=1))
-    (out / "scale.md").write_text("\n".join(lines) + "\n")
+    write_atomic(out / "scale.json", json.dumps(rec, indent=1))
+    write_atomic(out / "scale.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return rec
     if rec["throughput"]:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-        for config, by_n in rec["throughput"].items():
-            ns = sorted(by_n)
-            a.plot(ns, [by_n[n]["tokens_per_s"] for n in ns], marker="o", label=config)
-            if all(by_n[n]["efficiency"] is not None for n in ns):
-                b.plot(ns, [100 * by_n[n]["efficiency"] for n in ns], marker="o", label=config)
-        for ax in (a, b):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("GPUs")
-            ax.grid(alpha=0.3)
-        a.set(ylabel="tokens/s", title="throughput at a fixed batch a GPU")
-        b.set(ylabel="% of linear scaling", title="scaling efficiency", ylim=(0, 110))
-        a.legend(fontsize=7)
-        fig.suptitle((device or "").split("\n")[0], fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "scale.png", dpi=120)
+        def draw(axes):
+            a, b = axes
+            for config, by_n in rec["throughput"].items():
+                ns = sorted(by_n)
+                a.plot(ns, [by_n[n]["tokens_per_s"] for n in ns], marker="o", label=config)
+                if all(by_n[n]["efficiency"] is not None for n in ns):
+                    b.plot(ns, [100 * by_n[n]["efficiency"] for n in ns], marker="o", label=config)
+            for ax in (a, b):
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("GPUs")
+                ax.grid(alpha=0.3)
+            a.set(ylabel="tokens/s", title="throughput at a fixed batch a GPU")
+            b.set(ylabel="% of linear scaling", title="scaling efficiency", ylim=(0, 110))
+            a.legend(fontsize=7)
+            a.figure.suptitle((device or "").split("\n")[0], fontsize=9)
+        save_figure(out / "scale.png", draw, figsize=(11, 4), ncols=2)
     return rec
 
 
