@@ -8,19 +8,43 @@ prepends the previous slice's last K - 1 (zeros on rank 0) and drops those outpu
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
+
+# torch 2.13 renamed the flat collectives (the old names warn)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _Gather(torch.autograd.Function):
+    """All-gather forward, reduce-scatter (sum) backward, with c10d's blocking calls. Not torch's functional
+    all_gather_single_autograd: beside DDP on gloo it corrupted the heap about once in 600 CPU steps (glibc aborts,
+    "malloc(): unaligned tcache chunk detected"; 3,600 steps with these calls ran clean). On NCCL a blocking call
+    only orders the stream, and torch.compile traces these calls into its functional collectives."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        x = x.contiguous()
+        out = x.new_empty(dist.get_world_size(group) * x.numel())
+        _all_gather(out, x.view(-1), group=group)
+        return out.view(-1, *x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_empty(grad[0].numel())
+        _reduce_scatter(out, grad.contiguous().view(-1), group=ctx.group)
+        return out.view(grad.shape[1:]), None
+
 
 def gather(x, group):
     """[world, *x.shape]: every rank's x in rank order. Differentiable: its backward sums each rank's gradient
     contributions back to the rank that owns the slice (so every rank must run it, and its backward)."""
-    from torch.distributed import _functional_collectives as fc
-    # torch renamed the autograd gather (the old name warns from 2.12 on)
-    f = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
-    return f(x[None].contiguous(), 0, group)
+    return _Gather.apply(x, group)
 
 
 def from_previous(x, group):
     """The previous rank's x (zeros on rank 0), differentiable: its gradient goes back to that rank."""
-    import torch.distributed as dist
     rank = dist.get_rank(group)
     # every rank uses the gathered tensor (rank 0 times zero), so every rank joins its backward
     return gather(x, group)[rank - 1] * float(rank > 0)
