@@ -95,7 +95,8 @@ def test_two_torchrun_nodes_rendezvous_and_train_as_one_run(tmp_path, data_cache
 def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache):
     """train.context_parallel=2 under torchrun: two ranks split every sequence of GLA + RoPE (each its half, the
     recurrence's state handed over) and train as the one-process run does, loss for loss and validation loss for
-    validation loss (the windows split too), on 2 ranks and on 4 (2 groups of 2)."""
+    validation loss (the windows split too), on 2 ranks and on 4 (2 groups of 2), under DDP and under FSDP2 (the
+    parameters sharded over every rank, the slices' ranks included)."""
     opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2", "backbone=gla", "pe=rope",
             "train.eval_interval=3")
 
@@ -120,6 +121,13 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "micro_batch 2 x grad_accum 2 x world 4 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     assert same("dp2cp2"), losses("dp2cp2")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
+                        "train.py", *tiny_overrides(tmp_path / "fsdp", data_cache, *opts, "train.context_parallel=2",
+                                                    "train.strategy=fsdp")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "world 2 (FSDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
+    assert same("fsdp"), losses("fsdp")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29559",
                         "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2", "pe=t5",
                                                     "train.context_parallel=2")],
@@ -132,7 +140,6 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
     (["train.context_parallel=2"], 3, r"the world size \(3\) is not a multiple of it"),
     (["train.context_parallel=2", "model.seq_len=33"], 2, "model.seq_len=33 does not split into 2 equal slices"),
     (["train.context_parallel=0"], 2, "an integer >= 1"),
-    (["train.context_parallel=2", "train.strategy=fsdp"], 2, "beside DDP only"),
 ])
 def test_context_parallel_settings_are_checked(tmp_path, extra, world, message):
     from duality.model import ConfigError

@@ -104,10 +104,7 @@ def check_context_parallel(cfg, world: int) -> int:
     why = [f"the world size ({world}) is not a multiple of it" if world % cp else "",
            f"model.seq_len={cfg.model.seq_len} does not split into {cp} equal slices" if cfg.model.seq_len % cp else "",
            "synthetic tasks are not split yet" if is_task(cfg.data) else "",
-           "train.doc_boundaries is not split yet" if t.get("doc_boundaries") else "",
-           # FSDP2 beside it trained as one process in 18 of 19 CPU runs; in one (a clean clone's suite, 2026-11-26)
-           # one gloo rank aborted: refused until that is understood
-           "it runs beside DDP only (train.strategy=ddp) for now" if t.get("strategy", "ddp") != "ddp" else ""]
+           "train.doc_boundaries is not split yet" if t.get("doc_boundaries") else ""]
     if any(why):
         raise ConfigError(f"train.context_parallel={cp}: " + "; ".join(w for w in why if w))
     return cp
