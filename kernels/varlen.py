@@ -24,6 +24,16 @@ def document_positions(cu_seqlens: torch.Tensor, n: int) -> torch.Tensor:
     return torch.arange(n, device=cu_seqlens.device) - cu_seqlens[document_ids(cu_seqlens, n)]
 
 
+def slice_boundaries(cu_seqlens: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """The boundaries of a packed row as its slice [start, start + length) sees them (context parallelism), in the
+    slice's coordinates: from the start of the document holding its first token (<= 0: minus that token's position
+    in its document) through each document starting inside it, to `length`. document_positions of the result are
+    the tokens' positions in their documents; its entries clamped at 0 are boundaries a kernel takes."""
+    cu = cu_seqlens - start
+    inside = cu[(cu > 0) & (cu < length)]
+    return torch.cat([cu[cu <= 0].max()[None], inside, cu.new_tensor([length])])
+
+
 def per_document(fn, cu_seqlens: torch.Tensor, *args) -> torch.Tensor:
     """fn on each document alone: tensor arguments [1, N, ...] are sliced along dim 1 (others pass through), the
     outputs are joined along dim 1. Reads the boundaries on the host (a sync)."""

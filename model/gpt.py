@@ -220,18 +220,17 @@ class GPT(nn.Module):
         loss comes without logits (None). cu_seqlens [N + 1]: idx [1, T] packs N documents (boundaries at
         cu_seqlens), and no token sees another document's (data/shards.py, pack_documents). cp_group: idx is this
         rank's slice of longer sequences split in equal slices over the group's ranks, in rank order (context
-        parallelism; the recurrences hand their state over, kernels/recurrences/cp.py)."""
+        parallelism; the recurrences hand their state over, kernels/recurrences/cp.py); with cu_seqlens, the slice's
+        boundaries in its own coordinates, the first <= 0 where its first document began on a slice before
+        (kernels/varlen.py: slice_boundaries)."""
         x = self.wte(idx)
         offset = 0 if cache is None else cache.offset
         if cp_group is not None:
             import torch.distributed as dist
-            self.check_context_parallel()
+            self.check_context_parallel(packed=cu_seqlens is not None)
             offset = dist.get_rank(cp_group) * idx.shape[1]
-        if self.abs_pe is not None:
-            if cu_seqlens is None:
-                x = self.abs_pe.embed(x, Context(offset))
-            else:  # positions restart at each document
-                x = per_document(self.abs_pe.embed, cu_seqlens, x)
+        if self.abs_pe is not None:  # packed documents: positions restart at each
+            x = self.abs_pe.embed(x, Context(offset, cu_seqlens))
         if self.cfg.embed_dropout:
             x = F.dropout(x, self.cfg.embed_dropout, self.training)
         x = self.embed_norm(x)
@@ -255,8 +254,9 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def check_context_parallel(self) -> None:
-        """Every mixer and scheme of this model has a context-parallel form, or a ValueError names those without."""
+    def check_context_parallel(self, packed: bool = False) -> None:
+        """Every mixer and scheme of this model has a context-parallel form (packed: one over packed documents), or a
+        ValueError names those without."""
         parts = [b.mixer for b in self.blocks] + [b.mixer.pe for b in self.blocks if b.mixer.pe is not None]
         missing = sorted({type(m).__name__ for m in parts + ([self.abs_pe] if self.abs_pe is not None else [])
                           if not m.context_parallel} | ({"head=compress"} if self.decoder is not None else set()))
@@ -264,6 +264,13 @@ class GPT(nn.Module):
             raise ValueError(f"no context-parallel form yet for {missing}; those with one: the transformer, FoX, "
                              "sympow, GLA, linear attention, RetNet, Mamba2, DeltaNet and Gated DeltaNet, with NoPE, "
                              "RoPE, Selective RoPE, learned rotation, VO-RoPE, ALiBi, sinusoidal or learned positions")
+        # a layer that runs packed rows one document at a time has no slice of a document to hand over
+        unpacked = sorted({f"{type(b.mixer).__name__}" + (f" + {type(b.mixer.pe).__name__}" if b.mixer.pe else "")
+                           for b in self.blocks if not b.mixer.packed})
+        if packed and unpacked:
+            raise ValueError(f"no context-parallel form over packed documents yet for {unpacked}; those with one: "
+                             "the transformer, FoX without short convolutions, GLA, linear attention, RetNet, Mamba2, "
+                             "DeltaNet and Gated DeltaNet, with NoPE, RoPE, ALiBi, sinusoidal or learned positions")
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

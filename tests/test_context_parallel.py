@@ -1,5 +1,6 @@
 """Context parallelism in the trunk: a model whose sequences are split over 2 or 4 gloo processes (GPT.forward with
-cp_group) gives the whole sequence's loss and gradients, for each family with a form; the others are refused."""
+cp_group) gives the whole sequence's loss and gradients, for each family with a form, on packed documents too; the
+others are refused."""
 
 import os
 import socket
@@ -23,6 +24,14 @@ MODELS = [({"name": "gla"}, "rope", 2), ({"name": "retnet"}, "nope", 4), ({"name
           ({"name": "gla"}, "selective_rope", 4), ({"name": "transformer"}, "selective_rope", 2),
           ({"name": "gla"}, {"name": "selective_rope", "skip_conv": True, "bias": True, "phase_gate": True}, 2),
           ({"name": "fox"}, "learned_rotation", 2)]
+# packed documents: one row whose documents start at a slice's first token (12, with 4 slices of 12), cross a slice
+# boundary (21..30 crosses 24) or span slices (30..48), one of a single token (20)
+PACKED = [({"name": "gla"}, "rope", 4), ({"name": "gla", "short_conv": True}, "nope", 2),
+          ({"name": "gla", "short_conv": True}, "rope", 4), ({"name": "gated_deltanet"}, "rope", 4),
+          ({"name": "deltanet"}, "nope", 2), ({"name": "retnet"}, "sinusoidal", 2),
+          ({"name": "transformer"}, "rope", 4), ({"name": "transformer"}, "alibi", 2),
+          ({"name": "transformer"}, "learned", 4), ({"name": "fox"}, "nope", 4)]
+DOCUMENTS = torch.tensor([0, 7, 12, 20, 21, 30, 48])
 SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 48}
 
 
@@ -30,17 +39,19 @@ def as_cfg(pe) -> dict:
     return pe if isinstance(pe, dict) else {"name": pe}
 
 
-def model_rank_main(rank: int, world: int, port: int, backbone: dict, pe, out: str):
+def model_rank_main(rank: int, world: int, port: int, backbone: dict, pe, packed: bool, out: str):
+    from duality.kernels.varlen import slice_boundaries
     from duality.model import build_model
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
         model = build_model(backbone, as_cfg(pe), SIZE, 64).double()
-        idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
+        idx = torch.randint(0, 64, (1 if packed else 2, 49), generator=torch.Generator().manual_seed(1))
         n = 48 // world
         part = slice(rank * n, (rank + 1) * n)
-        _, loss = model(idx[:, :48][:, part], idx[:, 1:][:, part], cp_group=dist.group.WORLD)
+        cu = slice_boundaries(DOCUMENTS, rank * n, n) if packed else None
+        _, loss = model(idx[:, :48][:, part], idx[:, 1:][:, part], cu_seqlens=cu, cp_group=dist.group.WORLD)
         loss.backward()
         torch.save({"loss": loss.detach(), "grads": {k: p.grad for k, p in model.named_parameters()}}, f"{out}.{rank}")
     finally:
@@ -51,27 +62,39 @@ def case_id(x) -> str:
     return "-".join(f"{v}" for v in x.values()) if isinstance(x, dict) else str(x)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backbone, pe, world", MODELS, ids=case_id)
-def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe, world):
-    """The trunk with cp_group: each rank's loss over its slice, averaged over ranks (equal slices), and each
-    parameter's gradient, averaged as DDP would, equal the whole sequence's in one process (a float64 model whose
-    loss the trunk takes in float32, hence 1e-5)."""
+def split_equals_whole(tmp_path, backbone, pe, world: int, packed: bool):
+    """Each rank's loss over its slice, averaged over ranks (equal slices), and each parameter's gradient, averaged
+    as DDP would, equal the whole sequence's in one process (a float64 model whose loss the trunk takes in float32,
+    hence 1e-5)."""
     from duality.model import build_model
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(model_rank_main, args=(world, port, backbone, pe, str(tmp_path / "m")), nprocs=world, join=True)
+    mp.spawn(model_rank_main, args=(world, port, backbone, pe, packed, str(tmp_path / "m")), nprocs=world, join=True)
     torch.manual_seed(0)
     model = build_model(backbone, as_cfg(pe), SIZE, 64).double()
-    idx = torch.randint(0, 64, (2, 49), generator=torch.Generator().manual_seed(1))
-    _, loss = model(idx[:, :48], idx[:, 1:])
+    idx = torch.randint(0, 64, (1 if packed else 2, 49), generator=torch.Generator().manual_seed(1))
+    _, loss = model(idx[:, :48], idx[:, 1:], cu_seqlens=DOCUMENTS if packed else None)
     loss.backward()
     parts = [torch.load(tmp_path / f"m.{r}") for r in range(world)]
     torch.testing.assert_close(sum(p["loss"] for p in parts) / world, loss.detach(), rtol=1e-6, atol=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(sum(q["grads"][name] for q in parts) / world, p.grad, rtol=1e-5, atol=1e-7,
                                    msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone, pe, world", MODELS, ids=case_id)
+def test_a_model_on_a_split_sequence_equals_the_whole(tmp_path, backbone, pe, world):
+    split_equals_whole(tmp_path, backbone, pe, world, packed=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone, pe, world", PACKED, ids=case_id)
+def test_a_model_on_split_packed_documents_equals_the_whole(tmp_path, backbone, pe, world):
+    """Packed documents (train.doc_boundaries) split over ranks: the same loss and gradients as the whole row with
+    its boundaries (each document kept to itself, positions from each document's start)."""
+    split_equals_whole(tmp_path, backbone, pe, world, packed=True)
 
 
 def test_a_model_without_a_context_parallel_form_is_refused():
@@ -83,3 +106,10 @@ def test_a_model_without_a_context_parallel_form_is_refused():
             model.check_context_parallel()
     for backbone, pe in (("gla", "rope"), ("transformer", "alibi"), ("gated_deltanet", "rope")):  # have one
         build_model({"name": backbone}, {"name": pe}, SIZE, 64).check_context_parallel()
+    # over packed documents: a layer the trunk runs one document at a time has no form yet
+    for backbone, pe in (({"name": "gla"}, "selective_rope"), ({"name": "fox", "short_conv": True}, "nope"),
+                         ({"name": "transformer"}, "vo_rope")):
+        model = build_model(backbone, {"name": pe}, SIZE, 64)
+        model.check_context_parallel()
+        with pytest.raises(ValueError, match="no context-parallel form over packed documents yet for .*GLA"):
+            model.check_context_parallel(packed=True)

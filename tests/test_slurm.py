@@ -136,6 +136,24 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
                                                 "['T5Bias']") == 1, r.stderr[-2000:]
 
 
+def test_context_parallel_training_over_packed_documents_follows_the_unsplit_run(tmp_path, data_cache):
+    """train.doc_boundaries with train.context_parallel=2: each window (one a micro-batch) packed, then split over
+    two ranks, so a document crosses the slice boundary (its state, short-convolution inputs and positions carried
+    over): loss for loss and validation loss for validation loss as one process."""
+    opts = ("train.steps=4", "train.micro_batch=1", "optim.warmup=2", "backbone=gla", "backbone.short_conv=true",
+            "pe=rope", "train.doc_boundaries=true", "train.eval_interval=2")
+    train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29565",
+                        "train.py", *tiny_overrides(tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "micro_batch 1 x grad_accum 8 x world 2 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
+    rows = {run: {(r["step"], k): r[k] for r in metrics_rows(tmp_path / run) for k in ("loss", "val_loss") if k in r}
+            for run in ("ref", "cp")}
+    assert len(rows["ref"]) == 6 and set(rows["cp"]) == set(rows["ref"]), rows
+    assert all(rows["cp"][k] == pytest.approx(v, rel=1e-5) for k, v in rows["ref"].items()), rows
+
+
 @pytest.mark.parametrize("extra, world, message", [
     (["train.context_parallel=2"], 3, r"the world size \(3\) is not a multiple of it"),
     (["train.context_parallel=2", "model.seq_len=33"], 2, "model.seq_len=33 does not split into 2 equal slices"),

@@ -96,15 +96,14 @@ def check_data_ranges(data) -> None:
 
 def check_context_parallel(cfg, world: int) -> int:
     """train.context_parallel: how many ranks split each sequence (1: none), checked against the world and the run."""
-    t, cp = cfg.train, cfg.train.get("context_parallel", 1)
+    cp = cfg.train.get("context_parallel", 1)
     if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
         raise ConfigError(f"train.context_parallel={cp!r}: an integer >= 1")
     if cp == 1:
         return 1
     why = [f"the world size ({world}) is not a multiple of it" if world % cp else "",
            f"model.seq_len={cfg.model.seq_len} does not split into {cp} equal slices" if cfg.model.seq_len % cp else "",
-           "synthetic tasks are not split yet" if is_task(cfg.data) else "",
-           "train.doc_boundaries is not split yet" if t.get("doc_boundaries") else ""]
+           "synthetic tasks are not split yet" if is_task(cfg.data) else ""]
     if any(why):
         raise ConfigError(f"train.context_parallel={cp}: " + "; ".join(w for w in why if w))
     return cp

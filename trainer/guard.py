@@ -37,7 +37,7 @@ def _not_finite(out) -> bool:
 
 
 def first_nonfinite_output(model, micro_batches, autocast) -> str | None:
-    """The first module whose forward output is not finite, over the micro-batches (x, y[, cu_seqlens]) in order:
+    """The first module whose forward output is not finite, over the micro-batches (x, y[, model kwargs]) in order:
     e.g. "blocks.3.mixer.o_proj (Linear) in block 3 of 12, micro-batch 0"; None when every output is finite. Every
     micro-batch is run whatever is found, so that ranks of a sharded model (FSDP) take part in the same collectives."""
     found: list[str] = []
@@ -55,9 +55,9 @@ def first_nonfinite_output(model, micro_batches, autocast) -> str | None:
     handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()]
     try:
         with torch.no_grad():
-            for micro[0], (x, y, *cu) in enumerate(micro_batches):
+            for micro[0], (x, y, *kw) in enumerate(micro_batches):
                 with autocast:
-                    model(x, y, cu_seqlens=cu[0] if cu else None)
+                    model(x, y, **(kw[0] if kw else {}))
     finally:
         for h in handles:
             h.remove()

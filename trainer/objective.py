@@ -20,6 +20,7 @@ from duality import data as data_lib
 from duality.common.errors import ConfigError, ShardError
 from duality.common.io import write_atomic
 from duality.data import tasks
+from duality.kernels.varlen import slice_boundaries
 
 
 class Objective:
@@ -49,17 +50,19 @@ class Objective:
         self.batches = data_lib.TrainBatches(self.train_windows, t.micro_batch, accum, rt.data_rank, rt.data_world)
 
     def micro_batches(self, step: int):
-        """The accum micro-batches (x, y[, cu_seqlens]) of this rank at `step`, on the device."""
+        """The accum micro-batches (x, y, {model kwargs: cu_seqlens, cp_group}) of this rank at `step`, on the
+        device."""
         for micro in range(self.accum):
             batch = self.batches.get(step, micro)
             if self.doc_boundaries:  # boundaries found on the host: no sync
                 batch = data_lib.pack_documents(*batch, self.tokenizer.eot_id)
             if self.rt.cp > 1:  # this rank's slice of every sequence (train.context_parallel)
-                batch = context_slice(batch, self.rt.cp_group)
+                batch = context_slice(batch[:2], self.rt.cp_group, *batch[2:])
             if self.rt.cuda:  # from pinned memory the copy is asynchronous: the host runs ahead of the GPU
                 batch = [b.pin_memory() for b in batch]
-            batch = tuple(b.to(self.rt.device, non_blocking=True) for b in batch)
-            yield (*batch, {"cp_group": self.rt.cp_group}) if self.rt.cp > 1 else batch
+            x, y, *cu = (b.to(self.rt.device, non_blocking=True) for b in batch)
+            yield x, y, {**({"cu_seqlens": cu[0]} if cu else {}),
+                         **({"cp_group": self.rt.cp_group} if self.rt.cp > 1 else {})}
 
     def steps_for_epochs(self, epochs: float) -> int:
         per_step = self.t.micro_batch * self.accum * self.rt.data_world
@@ -175,12 +178,14 @@ class Task(Objective):
         print(f"accuracy vs {task.unit}: {plot}")
 
 
-def context_slice(tensors, group) -> list:
+def context_slice(tensors, group, cu_seqlens=None) -> list:
     """This rank's slice of each [B, T] tensor whose sequences are split over a context-parallel group: equal
-    slices in rank order (GPT.forward places this rank's tokens at rank * T / N)."""
+    slices in rank order (GPT.forward places this rank's tokens at rank * T / N); with the document boundaries of a
+    packed row, also the boundaries as the slice sees them (kernels/varlen.py: slice_boundaries)."""
     n = tensors[0].shape[1] // dist.get_world_size(group)
     r = dist.get_rank(group)
-    return [t[:, r * n:(r + 1) * n] for t in tensors]
+    sliced = [t[:, r * n:(r + 1) * n] for t in tensors]
+    return sliced if cu_seqlens is None else [*sliced, slice_boundaries(cu_seqlens, r * n, n)]
 
 
 def build(cfg, rt, accum: int) -> Objective:
@@ -202,15 +207,14 @@ def validation_loss(model, windows, n_windows: int, micro_batch: int, device, au
     total, count = torch.zeros((), device=device), torch.zeros((), device=device)
     for i in range(0, len(ids), micro_batch):
         x, y = windows.batch(ids[i:i + micro_batch])
-        cu, split = None, {}
+        cu, split = [], {}
         if eot is not None:
-            x, y, cu = data_lib.pack_documents(x, y, eot)
-            cu = cu.to(device)
+            x, y, *cu = data_lib.pack_documents(x, y, eot)
         if cp_group is not None:  # this rank's slice of each window
-            x, y = context_slice((x, y), cp_group)
+            x, y, *cu = context_slice((x, y), cp_group, *cu)
             split = {"cp_group": cp_group}
         with autocast:
-            _, loss = model(x.to(device), y.to(device), cu_seqlens=cu, **split)
+            _, loss = model(x.to(device), y.to(device), cu_seqlens=cu[0].to(device) if cu else None, **split)
         total += loss.float() * y.numel()  # by tokens: a packed batch is one row; the slices sum to the window
         count += y.numel()
     if world > 1 or cp_group is not None:  # every rank holds a part: windows, or slices of them

@@ -46,15 +46,16 @@ def make_schedule(optimizer, o, total: int):
 
 def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, autocast, grad_clip: float | None,
                skip_sync=None, guard=None):
-    """One optimizer step over `accum` micro-batches (an iterable of device tensors x, y): gradients accumulate
+    """One optimizer step over `accum` micro-batches (an iterable of device tensors x, y, and optionally the model's
+    keyword arguments: cu_seqlens, cp_group): gradients accumulate
     (under `skip_sync()` the gradient reduction across ranks waits for the last one), are clipped, and the optimizer
     and schedule advance. Returns the mean loss and the gradient norm as device tensors, and whether the optimizer
     stepped: `guard(loss, grad_norm) -> bool` decides that, with the gradients still in place (trainer/guard.py);
     without a guard nothing here waits for the GPU."""
     loss_sum = 0.0
-    for micro, (x, y, *extra) in enumerate(micro_batches):  # (x, y), (x, y, cu_seqlens) or (x, y, {model kwargs})
+    for micro, (x, y, *kw) in enumerate(micro_batches):  # (x, y) or (x, y, {model kwargs})
         sync = skip_sync() if skip_sync is not None and micro < accum - 1 else nullcontext()
-        kw = (extra[0] if isinstance(extra[0], dict) else {"cu_seqlens": extra[0]}) if extra else {}
+        kw = kw[0] if kw else {}
         # the backward inside both contexts: FSDP2 reads its no-sync flags in backward (outside, every micro-batch
         # reduce-scattered its gradients and re-sharded), and activation checkpointing's recompute must pick the
         # forward's SDPA kernel (cuDNN's and flash's saved log-sum-exp shapes differ; torch.utils.checkpoint refuses)

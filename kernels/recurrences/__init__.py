@@ -15,16 +15,19 @@ encoding that the dual softmax scheme puts into its scores (seed 000).
 `delta_rule_chunked` are exact chunked parallel forms (the CPU training path; gate differences are taken pairwise
 inside chunks of 16, so they are stable).
 `gated`, `delta_rule` and `oja` dispatch (impl=None: FLA on CUDA, the references elsewhere; "fla" or "torch" to
-choose) and take packed documents (B = 1, boundaries cu_seqlens [N + 1]): each document starts from S = 0; FLA's
-varlen kernels on CUDA, the reference per document elsewhere.
+choose) and take packed documents (B = 1, boundaries cu_seqlens [N + 1]): document i starts from S0[i] (S = 0
+without S0) and its final state is row i of [N, H, K, V]; FLA's varlen kernels on CUDA, the reference per document
+elsewhere.
 
     reference.py   the recurrent and chunked forms, from the equations
     fla.py         flash-linear-attention's chunked kernels
-    cp.py          context parallelism: the gated recurrence over a sequence split across ranks (the state handed
-                   over in one all_gather; train.context_parallel)
+    cp.py          context parallelism: the gated recurrence and the delta rule over a sequence split across ranks
+                   (the state handed over in one all_gather; packed documents too; train.context_parallel)
 """
 
 from __future__ import annotations
+
+import torch
 
 from .. import use_fla
 from ..varlen import per_document
@@ -35,14 +38,28 @@ __all__ = ["delta_rule", "delta_rule_chunked", "delta_rule_recurrent", "gated", 
            "oja", "oja_recurrent"]
 
 
+def _documents(chunked, cu_seqlens, S0, output_state, *args):
+    """A reference over packed documents as FLA's varlen kernels take them: document i starts from S0[i] (S = 0
+    when S0 is None) and its final state is row i of the states returned ([N, H, K, V], when output_state)."""
+    if S0 is None and not output_state:  # no state in or out: one run per document
+        return per_document(lambda *a: chunked(*a)[0], cu_seqlens, *args), None
+    b = cu_seqlens.tolist()
+    outs, finals = [], []
+    for i, (s, e) in enumerate(zip(b[:-1], b[1:])):
+        o, S = chunked(*(a[:, s:e] if torch.is_tensor(a) and a.dim() > 1 else a for a in args),
+                       None if S0 is None else S0[i:i + 1])
+        outs.append(o)
+        finals.append(S)
+    return torch.cat(outs, 1), torch.cat(finals) if output_state else None
+
+
 def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None, impl: str | None = None):
     """g: [B, T, H, K] (diagonal gate) or [B, T, H, 1] (scalar gate per head), log space."""
     if use_fla("gated", q, impl):
         return fla.gated(q, k, v, g, scale, S0, output_state, cu_seqlens)
     if cu_seqlens is not None:
-        o = per_document(lambda *a: gated_chunked(*a)[0], cu_seqlens, q, k, v, g.expand(*q.shape[:3], g.shape[-1]),
-                         scale)
-        return o, None
+        return _documents(gated_chunked, cu_seqlens, S0, output_state, q, k, v,
+                          g.expand(*q.shape[:3], g.shape[-1]), scale)
     return gated_chunked(q, k, v, g, scale, S0)
 
 
@@ -51,7 +68,7 @@ def delta_rule(q, k, v, beta, scale, g=None, S0=None, output_state=False, cu_seq
     if use_fla("delta_rule", q, impl):
         return fla.delta_rule(q, k, v, beta, scale, g, S0, output_state, cu_seqlens)
     if cu_seqlens is not None:
-        return per_document(lambda *a: delta_rule_chunked(*a)[0], cu_seqlens, q, k, v, beta, scale, g), None
+        return _documents(delta_rule_chunked, cu_seqlens, S0, output_state, q, k, v, beta, scale, g)
     return delta_rule_chunked(q, k, v, beta, scale, g, S0)
 
 

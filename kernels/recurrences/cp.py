@@ -23,6 +23,11 @@ matrix and the correction of each output needs the product up to that token. So 
     carried state:   S0_r = A_{r-1} S0_{r-1} + F_{r-1},  S0_0 = 0                 (one all_gather of (A, F))
     pass 2, from S0_r with the real values:           o_t, exact
 
+Packed documents (cu_seqlens in the slice's coordinates, kernels/varlen.py: slice_boundaries): a document start is a
+gate that forgets everything. Each rank runs its documents as FLA's varlen kernels do; only its first document
+(the leading `carried` tokens, 0 when a document starts at the slice's first token) continues the state handed
+over, and a slice holding a boundary hands over its last document's state alone (D_r = 0, A_r = 0).
+
 The collectives (gather) are kernels/cp.py's, shared with attention's form and the model's.
 """
 
@@ -34,42 +39,66 @@ from ..attention.reference import cumulative_log_decay
 from ..cp import gather
 
 
-def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = None):
+def carried(cu_seqlens, T: int):
+    """How many leading tokens of this slice continue a document begun on the slices before (T without packed
+    documents), as a 0-d tensor; cu_seqlens in the slice's coordinates."""
+    if cu_seqlens is None:
+        return torch.tensor(T)
+    return torch.where(cu_seqlens[0] < 0, cu_seqlens[1], 0)
+
+
+def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = None, cu_seqlens=None):
     """This rank's slice of o for the (gated) delta rule over the whole sequence split across `group` (the default
-    group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], beta and g [B, T_r, H] (g: log decay, or None)."""
+    group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], beta and g [B, T_r, H] (g: log decay, or None);
+    cu_seqlens: packed documents (B = 1) in the slice's coordinates."""
     import torch.distributed as dist
 
     from . import delta_rule
     group = group or dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     B, T, H, K = k.shape
+    cu = None if cu_seqlens is None else cu_seqlens.clamp(min=0)
+    N = 1 if cu is None else len(cu) - 1  # runs: the batch rows, or the documents of a packed row
     dt = torch.promote_types(q.dtype, torch.float32)  # the state is kept in fp32 at least
-    eye = torch.eye(K, dtype=dt, device=q.device).expand(B, H, K, K)
-    S0 = torch.cat([eye, eye.new_zeros(B, H, K, v.shape[-1])], -1)
+    eye = torch.eye(K, dtype=dt, device=q.device).expand(max(B, N), H, K, K)
+    S0 = torch.cat([eye, eye.new_zeros(max(B, N), H, K, v.shape[-1])], -1)
     _, end = delta_rule(q, k, torch.cat([v.new_zeros(B, T, H, K), v], -1), beta, scale, g, S0=S0,
-                        output_state=True, impl=impl)
-    transitions, finals = gather(end[..., :K].to(dt), group), gather(end[..., K:].to(dt), group)
+                        output_state=True, cu_seqlens=cu, impl=impl)
+    end = end[-B:]  # a packed row hands over its last document's state
+    n = carried(cu_seqlens, T).to(q.device)
+    transition = end[..., :K].to(dt) * (n == T)  # a boundary inside the slice: nothing before it passes through
+    transitions, finals = gather(transition, group), gather(end[..., K:].to(dt), group)
     S = torch.zeros_like(finals[0])
     for j in range(world):  # masked, not left out, as in gated_cp
         keep = float(j < rank)
         S = keep * (transitions[j] @ S + finals[j]) + (1.0 - keep) * S
-    return delta_rule(q, k, v, beta, scale, g, S0=S, impl=impl)[0]
+    if cu is not None:  # the first document continues S (unless it starts here), the others start from 0
+        S = torch.cat([S * (n > 0), S.new_zeros(N - 1, *S.shape[1:])])
+    return delta_rule(q, k, v, beta, scale, g, S0=S, cu_seqlens=cu, impl=impl)[0]
 
 
-def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):
+def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None, cu_seqlens=None):
     """This rank's slice of o for the gated recurrence over the whole sequence split across `group` (the default
-    group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], g [B, T_r, H, K] or [B, T_r, H, 1] (log gate)."""
+    group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], g [B, T_r, H, K] or [B, T_r, H, 1] (log gate);
+    cu_seqlens: packed documents (B = 1) in the slice's coordinates."""
     import torch.distributed as dist
 
     from . import gated
     group = group or dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    o, final = gated(q, k, v, g, scale, None, True, impl=impl)
+    T = q.shape[1]
+    cu = None if cu_seqlens is None else cu_seqlens.clamp(min=0)
+    o, final = gated(q, k, v, g, scale, None, True, cu_seqlens=cu, impl=impl)
+    final = final[-q.shape[0]:]  # a packed row hands over its last document's state
     dt = torch.promote_types(q.dtype, torch.float32)  # the hand-over in at least fp32, as the state is kept
     # [B, T_r, H, K or 1], summed along a transposed view's last axis: torch's cumsum over the time axis made each
     # rank 3.4x slower than one GPU per token at 370m (H200, 2026-11-26: a scan over 393k tokens; 1.3-1.4x after)
     G = cumulative_log_decay(g).to(dt)
     decay = torch.exp(G[:, -1])  # [B, H, K or 1]
+    if cu is not None:  # a document start forgets everything before it: the carried state reaches the first document
+        n = carried(cu_seqlens, T).to(q.device)
+        decay = decay * (n == T)
+        G = G.masked_fill(torch.arange(T, device=q.device)[None, :, None, None] >= n, float("-inf"))
     finals = gather(final.to(dt), group)  # [world, B, H, K, V]
     decays = gather(decay, group)  # [world, B, H, K or 1]
     # every rank's graph holds every gathered slice (masked out after it, not left out), so that each rank's backward
@@ -80,5 +109,5 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None):
         S0 = keep * (decays[j][..., None] * S0 + finals[j]) + (1.0 - keep) * S0
     # in q's dtype (bf16 under autocast, where the einsum ran in bf16 anyway): no fp32 copies of q, o and their sum,
     # each [B, T_r, H, K or V] (1.6-3.2 GB a layer at 786k tokens a rank)
-    carried = torch.einsum("bthk,bhkv->bthv", q * torch.exp(G).to(q.dtype), S0.to(q.dtype)) * scale
-    return o + carried.to(o.dtype)
+    carried_out = torch.einsum("bthk,bhkv->bthv", q * torch.exp(G).to(q.dtype), S0.to(q.dtype)) * scale
+    return o + carried_out.to(o.dtype)

@@ -40,7 +40,7 @@ class ShortConv(nn.Module):
     """Causal depthwise convolution over time (kernel size K) followed by SiLU (as in Mamba / Gated DeltaNet) or by
     nothing (activation=False). The incremental form keeps the last K - 1 inputs in ctx.state.conv[name]; packed
     documents (ctx.cu_seqlens) are convolved as if alone; a slice of a sequence split over ranks (ctx.cp_group)
-    starts from the previous slice's last K - 1 inputs."""
+    starts from the previous slice's last K - 1 inputs (those of its first token's document, when packed)."""
 
     def __init__(self, dim: int, kernel_size: int = 4, activation: bool = True):
         super().__init__()
@@ -57,7 +57,10 @@ class ShortConv(nn.Module):
             if T < K - 1:
                 raise ValueError(f"a short convolution of kernel {K} needs slices of at least {K - 1} tokens, got {T}")
             full = torch.cat([from_previous(x[:, T - (K - 1):], ctx.cp_group), x], 1)
-            return self(full, Context(ctx.offset), name)[:, K - 1:]
+            cu = ctx.cu_seqlens
+            if cu is not None:  # packed: those inputs count only inside the first token's document
+                cu = torch.unique_consecutive(torch.cat([cu.new_zeros(1), (cu + K - 1).clamp(min=0)]))
+            return self(full, Context(ctx.offset, cu), name)[:, K - 1:]
         cache, cu_seqlens = (None if ctx.state is None else ctx.state.conv), ctx.cu_seqlens
         if x.is_cuda and cache is None:  # FLA's Triton kernel, forward and backward, packed documents too
             from fla.modules.causal_conv1d import causal_conv1d

@@ -100,11 +100,10 @@ class Mixer(nn.Module):
         state S), prefill (parallel form continuing from and returning S)."""
         state = ctx.state
         if ctx.cp_group is not None:  # this rank holds one slice of the sequence: the state is handed over
-            if parallel not in CONTEXT_PARALLEL or ctx.cu_seqlens is not None:
-                raise ValueError(f"no context-parallel form of {parallel.__name__}"
-                                 f"{' with packed documents' if ctx.cu_seqlens is not None else ''}; those with one: "
+            if parallel not in CONTEXT_PARALLEL:
+                raise ValueError(f"no context-parallel form of {parallel.__name__}; those with one: "
                                  f"{sorted(f.__name__ for f in CONTEXT_PARALLEL)}")
-            return CONTEXT_PARALLEL[parallel](*args, group=ctx.cp_group)
+            return CONTEXT_PARALLEL[parallel](*args, group=ctx.cp_group, cu_seqlens=ctx.cu_seqlens)
         if state is None:
             return parallel(*args, cu_seqlens=ctx.cu_seqlens)[0] if ctx.cu_seqlens is not None else parallel(*args)[0]
         if args[0].shape[1] == 1:
@@ -136,7 +135,6 @@ def attention(q, k, v, ctx: Context, **scores):
     own (kernels/attention/cp.py)."""
     if ctx.cp_group is None:
         return decayed_attention(q, k, v, cu_seqlens=ctx.cu_seqlens, **scores)
-    if ctx.cu_seqlens is not None or scores.get("bias") is not None:
-        raise ValueError("no context-parallel form of attention with packed documents or an additive score bias "
-                         "(T5, Transformer-XL)")
-    return decayed_attention_cp(q, k, v, group=ctx.cp_group, **scores)
+    if scores.get("bias") is not None:
+        raise ValueError("no context-parallel form of attention with an additive score bias (T5, Transformer-XL)")
+    return decayed_attention_cp(q, k, v, group=ctx.cp_group, cu_seqlens=ctx.cu_seqlens, **scores)

@@ -10,7 +10,7 @@ from .base import PositionalScheme, register
 
 @register("learned")
 class Learned(PositionalScheme):
-    context_parallel = True  # positions from ctx.offset
+    context_parallel = True  # positions from ctx.offset (packed: ctx.positions)
     kind = "absolute"
 
     def __init__(self, dims, *, init_std: float = 0.02):
@@ -19,8 +19,9 @@ class Learned(PositionalScheme):
         self.max_positions = dims.max_seq_len
 
     def embed(self, x, ctx=TRAINING):
-        T, offset = x.shape[1], ctx.offset
-        if offset + T > self.table.shape[0]:
-            raise ValueError(f"pe=learned has {self.table.shape[0]} positions; asked for position {offset + T - 1}. "
+        T, offset, pos = x.shape[1], ctx.offset, ctx.positions(x.shape[1])  # packed documents: each from 0
+        last = offset + T - 1 if pos is None else int(pos.max())
+        if last >= self.table.shape[0]:
+            raise ValueError(f"pe=learned has {self.table.shape[0]} positions; asked for position {last}. "
                              "Learned embeddings cannot extrapolate: use a relative scheme for longer contexts.")
-        return x + self.table[offset:offset + T].to(x.dtype)
+        return x + (self.table[offset:offset + T] if pos is None else self.table[pos]).to(x.dtype)

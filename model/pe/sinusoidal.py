@@ -19,7 +19,7 @@ def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> 
 
 @register("sinusoidal")
 class Sinusoidal(PositionalScheme):
-    context_parallel = True  # positions from ctx.offset
+    context_parallel = True  # positions from ctx.offset (packed: ctx.positions)
     kind = "absolute"
 
     def __init__(self, dims, *, base: float = 10000.0):
@@ -27,5 +27,7 @@ class Sinusoidal(PositionalScheme):
         self.base = base
 
     def embed(self, x, ctx=TRAINING):
-        pos = torch.arange(ctx.offset, ctx.offset + x.shape[1], device=x.device)
+        pos = ctx.positions(x.shape[1])  # packed documents: each restarts at 0
+        if pos is None:
+            pos = torch.arange(ctx.offset, ctx.offset + x.shape[1], device=x.device)
         return x + sinusoid_table(pos, x.shape[-1], self.base).to(x.dtype)
