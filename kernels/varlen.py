@@ -34,6 +34,14 @@ def slice_boundaries(cu_seqlens: torch.Tensor, start: int, length: int) -> torch
     return torch.cat([cu[cu <= 0].max()[None], inside, cu.new_tensor([length])])
 
 
+def carried(cu_seqlens: torch.Tensor | None, T: int) -> torch.Tensor:
+    """How many leading tokens of a slice continue a document begun on the slices before (cu_seqlens in the slice's
+    coordinates, slice_boundaries; T without packed documents), as a 0-d tensor."""
+    if cu_seqlens is None:
+        return torch.tensor(T)
+    return torch.where(cu_seqlens[0] < 0, cu_seqlens[1], 0)
+
+
 def per_document(fn, cu_seqlens: torch.Tensor, *args) -> torch.Tensor:
     """fn on each document alone: tensor arguments [1, N, ...] are sliced along dim 1 (others pass through), the
     outputs are joined along dim 1. Reads the boundaries on the host (a sync)."""

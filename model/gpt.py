@@ -270,7 +270,8 @@ class GPT(nn.Module):
         if packed and unpacked:
             raise ValueError(f"no context-parallel form over packed documents yet for {unpacked}; those with one: "
                              "the transformer, FoX without short convolutions, GLA, linear attention, RetNet, Mamba2, "
-                             "DeltaNet and Gated DeltaNet, with NoPE, RoPE, ALiBi, sinusoidal or learned positions")
+                             "DeltaNet and Gated DeltaNet, with NoPE, RoPE, Selective RoPE, learned rotation, ALiBi, "
+                             "sinusoidal or learned positions")
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -30,7 +30,11 @@ PACKED = [({"name": "gla"}, "rope", 4), ({"name": "gla", "short_conv": True}, "n
           ({"name": "gla", "short_conv": True}, "rope", 4), ({"name": "gated_deltanet"}, "rope", 4),
           ({"name": "deltanet"}, "nope", 2), ({"name": "retnet"}, "sinusoidal", 2),
           ({"name": "transformer"}, "rope", 4), ({"name": "transformer"}, "alibi", 2),
-          ({"name": "transformer"}, "learned", 4), ({"name": "fox"}, "nope", 4)]
+          ({"name": "transformer"}, "learned", 4), ({"name": "fox"}, "nope", 4),
+          # accumulated rotations: the angle since the first token's document began carried over
+          ({"name": "gla"}, "selective_rope", 4),
+          ({"name": "transformer"}, {"name": "selective_rope", "skip_conv": True, "bias": True, "phase_gate": True}, 4),
+          ({"name": "fox"}, "learned_rotation", 2)]
 DOCUMENTS = torch.tensor([0, 7, 12, 20, 21, 30, 48])
 SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 48}
 
@@ -107,9 +111,9 @@ def test_a_model_without_a_context_parallel_form_is_refused():
     for backbone, pe in (("gla", "rope"), ("transformer", "alibi"), ("gated_deltanet", "rope")):  # have one
         build_model({"name": backbone}, {"name": pe}, SIZE, 64).check_context_parallel()
     # over packed documents: a layer the trunk runs one document at a time has no form yet
-    for backbone, pe in (({"name": "gla"}, "selective_rope"), ({"name": "fox", "short_conv": True}, "nope"),
+    for backbone, pe in (({"name": "sympow"}, "rope"), ({"name": "fox", "short_conv": True}, "nope"),
                          ({"name": "transformer"}, "vo_rope")):
         model = build_model(backbone, {"name": pe}, SIZE, 64)
         model.check_context_parallel()
-        with pytest.raises(ValueError, match="no context-parallel form over packed documents yet for .*GLA"):
+        with pytest.raises(ValueError, match="over packed documents yet for .*GLA, .*Selective"):
             model.check_context_parallel(packed=True)

@@ -151,17 +151,19 @@ def test_residual_projections_get_scaled_init():
 @pytest.mark.parametrize("backbone,pe", COMBOS)
 def test_packed_documents_equal_separate_documents(backbone, pe):
     """forward(one packed row, cu_seqlens) == each document on its own, concatenated (float64). Softmax attention
-    (NoPE/RoPE/ALiBi), FoX and the FLA-backed recurrences take the boundaries in their kernels (short convolutions
-    mask the taps that reach into the previous document); every other mixer runs per document."""
+    (NoPE, RoPE, ALiBi, Selective RoPE, learned rotation), FoX and the FLA-backed recurrences take the boundaries in
+    their kernels (short convolutions mask the taps that reach into the previous document); every other mixer runs
+    per document."""
     m = make(backbone, pe)
     cu = torch.tensor([0, 7, 8, 21, 40])
     idx = torch.randint(0, V, (1, 40))
     packed, _ = m(idx, cu_seqlens=cu)
     alone = torch.cat([m(idx[:, s:e])[0] for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
     torch.testing.assert_close(packed, alone, rtol=1e-9, atol=1e-9)
-    native = {"transformer": ("nope", "rope", "alibi"), "fox": ("nope", "rope"), "base_conv": ("nope",),
+    rotations = ("rope", "selective_rope", "learned_rotation")  # the rotation kernel restarts at each document
+    native = {"transformer": ("nope", "alibi", *rotations), "fox": ("nope", *rotations), "base_conv": ("nope",),
               **dict.fromkeys(("gla", "retnet", "mamba2", "deltanet", "gated_deltanet", "linear_attn", "gated_oja"),
-                                ("nope", "rope"))}.get(backbone, ())
+                                ("nope", *rotations))}.get(backbone, ())
     absolute = SCHEMES[pe].kind == "absolute"  # added to the embeddings, restarted per document by the trunk
     assert m.blocks[0].mixer.packed == (pe in native or (absolute and bool(native)))
 

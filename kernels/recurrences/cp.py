@@ -37,14 +37,7 @@ import torch
 
 from ..attention.reference import cumulative_log_decay
 from ..cp import gather
-
-
-def carried(cu_seqlens, T: int):
-    """How many leading tokens of this slice continue a document begun on the slices before (T without packed
-    documents), as a 0-d tensor; cu_seqlens in the slice's coordinates."""
-    if cu_seqlens is None:
-        return torch.tensor(T)
-    return torch.where(cu_seqlens[0] < 0, cu_seqlens[1], 0)
+from ..varlen import carried
 
 
 def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = None, cu_seqlens=None):

@@ -27,6 +27,7 @@ from torch import nn
 from duality.common.errors import ConfigError
 from duality.kernels.cp import gather
 from duality.kernels.rotary import cumulative_rotation
+from duality.kernels.varlen import carried
 
 from ..core.context import TRAINING, Context, Dims
 from ..core.options import options as core_options
@@ -80,11 +81,12 @@ class PositionalScheme(nn.Module):
 class AccumulatedRotation(PositionalScheme):
     """A rotary scheme whose angles accumulate data-dependent increments, phi_t = theta * (phi_0 + sum_{s<=t}
     dphi_s) (kernels/rotary/): a subclass sets `theta` and gives `increments(q, x, ctx)`, [B, T, H, D/2] or
-    [B, T, H, 1]. Decoding keeps the running angle in ctx.state.phi. Packed rows run per document. On a slice of a
-    sequence split over ranks (ctx.cp_group) the slices before add their sums of increments to the first token's,
-    in fp32: the angle carries over, and its gradient goes back to the ranks that made it."""
+    [B, T, H, 1], each document's from its own tokens when packed (the angle restarts at each document in the
+    kernel). Decoding keeps the running angle in ctx.state.phi. On a slice of a sequence split over ranks
+    (ctx.cp_group) the slices before add their sums of increments to the first token's, in fp32: the angle carries
+    over, and its gradient goes back to the ranks that made it. Packed, only the increments since the first token's
+    document began count: a slice holding a boundary passes on the sum of its last document's alone."""
     kind = "rotary"
-    packable = False
     context_parallel = True
 
     def increments(self, q, x, ctx: Context = TRAINING):
@@ -92,14 +94,22 @@ class AccumulatedRotation(PositionalScheme):
 
     def rotate(self, q, k, x=None, ctx: Context = TRAINING):
         dphi = self.increments(q, x, ctx)
+        cu = ctx.cu_seqlens
         if ctx.cp_group is not None:
             dphi = dphi.float()
-            sums = gather(dphi.sum(1), ctx.cp_group)  # [world, B, H, D/2 or 1]
-            before = (sums * (torch.arange(len(sums), device=dphi.device) < dist.get_rank(ctx.cp_group))
-                      .view(-1, *[1] * (sums.dim() - 1))).sum(0)  # masked, so every rank joins the gather's backward
-            dphi = torch.cat([dphi[:, :1] + before[:, None], dphi[:, 1:]], 1)
+            T, n = dphi.shape[1], carried(cu, dphi.shape[1]).to(dphi.device)
+            tail = dphi if cu is None else dphi * (torch.arange(T, device=dphi.device) >= cu[-2])[:, None, None]
+            sums = gather(tail.sum(1), ctx.cp_group)  # [world, B, H, D/2 or 1]: each slice's last document's
+            passes = gather((n == T).to(dphi.dtype), ctx.cp_group)  # [world]: no document starts inside it
+            before = torch.zeros_like(sums[0])
+            for j in range(len(sums)):  # masked, not left out, so every rank joins the gathers' backward
+                keep = float(j < dist.get_rank(ctx.cp_group))
+                before = keep * (passes[j] * before + sums[j]) + (1.0 - keep) * before
+            dphi = torch.cat([dphi[:, :1] + before[:, None] * (n > 0), dphi[:, 1:]], 1)
+            cu = None if cu is None else cu.clamp(min=0)
         state = ctx.state
-        q, k, phi_T = cumulative_rotation(q, k, dphi, self.theta, phi0=None if state is None else state.phi)
+        q, k, phi_T = cumulative_rotation(q, k, dphi, self.theta, phi0=None if state is None else state.phi,
+                                          cu_seqlens=cu)
         if state is not None:
             state.phi = phi_T
         return q, k

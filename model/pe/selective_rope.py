@@ -138,7 +138,11 @@ class SelectiveRoPE(AccumulatedRotation):
             prev = torch.zeros_like(u[:, :1]) if prev is None else prev
             if state is not None:
                 state.u = u[:, -1:]
-            u = u - torch.cat([prev, u[:, :-1]], 1)
+            before = torch.cat([prev, u[:, :-1]], 1)
+            pos = ctx.positions(T)
+            if pos is not None:  # packed: a document's first token has no u before it
+                before = before * (pos > 0)[None, :, None].to(u.dtype)
+            u = u - before
         else:
             u = self.conv(u, ctx, "pe")
         u = u.view(B, T, H, self.half)
