@@ -8,6 +8,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from duality.common.io import write_atomic
+from duality.common.plots import save_figure
+
 # group -> (reference run, {run: label})
 GROUPS = {
     "curves": ("gpu1", {"gpu1": "1 GPU (micro 32 x accum 2)", "gpu1_repeat": "1 GPU, the same run repeated",
@@ -81,26 +84,20 @@ def main(out: Path):
             report["resume_max_abs_loss_diff"] = max(abs(a[s]["loss"] - b[s]["loss"]) for s in b)
             lines.append(f"\nresumed vs uninterrupted 2-GPU run, steps {min(b)}-{max(b)}: max abs loss difference "
                          f"{report['resume_max_abs_loss_diff']:.2e}")
-    (out / "multi_gpu.json").write_text(json.dumps(report, indent=1))
-    (out / "multi_gpu.md").write_text("\n".join(lines) + "\n")
+    write_atomic(out / "multi_gpu.json", json.dumps(report, indent=1))
+    write_atomic(out / "multi_gpu.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
     if "curves" in curves:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, r in curves["curves"].items():
-            s = sorted(r)
-            ax.plot(s, [r[x]["loss"] for x in s], label=GROUPS["curves"][1][name], lw=1.2,
-                    ls="--" if "resume" in name else "-")
-        ax.set(xlabel="step", ylabel="training loss (mean of 10 steps)",
-               title=f"124m transformer + RoPE, 65,536-token batches, bf16, {(device or '').split(',')[0]}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "multi_gpu.png", dpi=120)
+        def draw(axes):
+            ax = axes[0]
+            for name, r in curves["curves"].items():
+                s = sorted(r)
+                ax.plot(s, [r[x]["loss"] for x in s], label=GROUPS["curves"][1][name], lw=1.2,
+                        ls="--" if "resume" in name else "-")
+            ax.set(xlabel="step", ylabel="training loss (mean of 10 steps)",
+                   title=f"124m transformer + RoPE, 65,536-token batches, bf16, {(device or '').split(',')[0]}")
+            ax.legend(fontsize=8)
+        save_figure(out / "multi_gpu.png", draw, figsize=(7, 4))
 
 
 if __name__ == "__main__":
