@@ -7,6 +7,8 @@ A step is train.py's (`train_step`): forward, backward, gradient clipping, fused
 of random tokens (the same on every rank for a length: seeded), each rank its contiguous slice, the model called with
 the group as train.py calls it (`cp_group`); DDP over the group sums the gradients. With --set the model is
 configured like the one-GPU record (docs/memory, `longest`): full activation checkpointing and the chunked loss.
+With --documents M the sequence packs documents of random lengths (mean M, seeded: the same on every rank), as
+train.doc_boundaries does: each rank gets the boundaries as its slice sees them, so documents cross the slices.
 
 Lengths are tried in ascending order (--lengths, or multiples of 65,536 that split evenly): --steps steps after one
 warm-up, then the next. The first length that runs out of memory ends the process (the rank writes an `oom` row and
@@ -70,7 +72,8 @@ def run(args) -> None:
     optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-    extra = [{"cp_group": dist.group.WORLD}] if world > 1 else []
+    from duality.kernels.varlen import slice_boundaries
+    case = args.case + (f" docs {args.documents}" if args.documents else "")
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     sync = torch.cuda.synchronize if cuda else (lambda d: None)
     for n in lengths:
@@ -82,13 +85,20 @@ def run(args) -> None:
         piece = n // world
         x = tokens[:, rank * piece:(rank + 1) * piece].to(device)
         y = tokens[:, rank * piece + 1:(rank + 1) * piece + 1].to(device)
-        row = {"case": args.case, "size": args.size, "gpus": world, "seq_len": n, "device": gpu,
-               "torch": torch.__version__, "set": list(args.set)}
+        kw = {"cp_group": dist.group.WORLD} if world > 1 else {}
+        if args.documents:  # lengths 1 .. 2M - 1, the last cut at n
+            lengths_n = torch.randint(1, 2 * args.documents, (n // args.documents + 1,),
+                                      generator=torch.Generator().manual_seed(n + 1))
+            cu = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lengths_n, 0)])
+            cu = torch.cat([cu[cu < n], torch.tensor([n])])
+            kw["cu_seqlens"] = (slice_boundaries(cu, rank * piece, piece) if world > 1 else cu).to(device)
+        row = {"case": case, "size": args.size, "gpus": world, "seq_len": n, "device": gpu,
+               "torch": torch.__version__, "set": list(args.set), "documents": args.documents}
         try:
             times = []
             for i in range(1 + args.steps):  # steps of seconds: a sync after each costs nothing measurable
                 t0 = time.perf_counter()
-                loss, _, _ = train_step(train_model, [(x, y, *extra)], 1, optimizer, scheduler, autocast, 1.0)
+                loss, _, _ = train_step(train_model, [(x, y, kw)], 1, optimizer, scheduler, autocast, 1.0)
                 sync(device)
                 times.append(time.perf_counter() - t0)
                 if i == 0:
@@ -97,7 +107,7 @@ def run(args) -> None:
             row.update(oom=True, rank=rank)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-            print(f"{args.case} on {world}: {n:,} tokens ran out of memory on rank {rank}", flush=True)
+            print(f"{case} on {world}: {n:,} tokens ran out of memory on rank {rank}", flush=True)
             os._exit(3)  # torchrun stops the other ranks, which wait in a collective
         ms = sorted(times[1:])[(len(times) - 1) // 2] * 1e3  # the median past the warm-up
         peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2 ** 30 if cuda else 0.0, device=device)
@@ -114,7 +124,7 @@ def run(args) -> None:
         if rank == 0:
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-            print(f"{args.case} on {world}: {n:>9,} tokens  {ms:9.1f} ms  {row['tokens_per_s']:9.0f} tok/s  "
+            print(f"{case} on {world}: {n:>9,} tokens  {ms:9.1f} ms  {row['tokens_per_s']:9.0f} tok/s  "
                   f"peak {row['peak_mem_gib']:5.1f} GiB  loss {first:.4f}", flush=True)
     if world > 1:
         dist.destroy_process_group()
@@ -203,6 +213,7 @@ def main(argv=None) -> None:
     p.add_argument("--lengths", type=int, nargs="*", help="ascending; default: 65,536 then multiples of 65,536 x N")
     p.add_argument("--max-len", type=int, default=4 * 2 ** 20, help="the longest length tried by default")
     p.add_argument("--steps", type=int, default=2, help="timed steps a length, after one warm-up")
+    p.add_argument("--documents", type=int, default=0, help="pack documents of this mean length (0: one sequence)")
     p.add_argument("--set", nargs="*", default=["train.activation_checkpointing=full", "model.fused_loss=true"])
     p.add_argument("--out", type=Path, help="rows (JSON lines), appended")
     p.add_argument("--report", type=Path, help="rows to report instead of running")

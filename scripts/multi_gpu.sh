@@ -10,7 +10,8 @@
 #            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
 #   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
 #   longest  the longest GLA sequence (370m, bf16, full activation checkpointing) that trains one step on 1, 2 and 4
-#            GPUs, one sequence split over them (scripts/longest_cp.py): a ladder by GPU memory, tried in order
+#            GPUs, one sequence split over them (scripts/longest_cp.py): a ladder by GPU memory, tried in order;
+#            CASE=gated_deltanet+nope (bench_train's cases) another model, DOCS=8192 packed documents of that mean length
 # Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|dcp|cp|longest|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
 set -uo pipefail
 out=${1:?usage: multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]}
@@ -79,10 +80,11 @@ if [[ $mode == longest ]]; then  # the longest sequence that trains one step at 
   for n in 1 2 4; do
     [ "$n" -gt "$(nvidia-smi -L | wc -l)" ] && break
     lengths=$(for x in $ladder; do printf "%s " $((x * n)); done)
-    echo "=== gla+nope on $n GPU(s), started $(date +%T): 65536 $lengths"
-    python3 -m torch.distributed.run --standalone --nproc_per_node=$n scripts/longest_cp.py --case gla+nope --steps 1 \
-      --lengths 65536 $lengths --out "$out/longest_cp.jsonl" > "$out/longest_gla_$n.log" 2>&1
-    grep -h " tokens " "$out/longest_gla_$n.log" | tail -3
+    echo "=== ${CASE:-gla+nope} (documents ${DOCS:-0}) on $n GPU(s), started $(date +%T): 65536 $lengths"
+    log="$out/longest_${CASE:-gla+nope}_${DOCS:-0}_$n.log"
+    python3 -m torch.distributed.run --standalone --nproc_per_node=$n scripts/longest_cp.py --case "${CASE:-gla+nope}" \
+      --documents "${DOCS:-0}" --steps 1 --lengths 65536 $lengths --out "$out/longest_cp.jsonl" > "$log" 2>&1
+    grep -h " tokens " "$log" | tail -3
   done
   python3 scripts/longest_cp.py --report "$out/longest_cp.jsonl" --command "bash scripts/multi_gpu.sh OUT longest"
   exit 0

@@ -12,22 +12,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "longest_cp.py"
 
 
-def _run(tmp_path, n, case):
+def _run(tmp_path, n, case, documents=0):
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1
            else [sys.executable])
     out = tmp_path / "rows.jsonl"
     p = subprocess.run(cmd + [str(SCRIPT), "--case", case, "--size", "tiny", "--lengths", "64", "128", "--steps", "1",
-                              "--out", str(out), "--set"], capture_output=True, text=True, timeout=600,
+                              "--documents", str(documents), "--out", str(out), "--set"],
+                       capture_output=True, text=True, timeout=600,
                        env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["gla+nope", "transformer+rope"])
-def test_split_sequence_matches_one_process(tmp_path, case):
-    _run(tmp_path, 1, case)
-    out = _run(tmp_path, 2, case)
+@pytest.mark.parametrize("case, documents", [("gla+nope", 0), ("transformer+rope", 0), ("gated_deltanet+nope", 20),
+                                             ("gla+selective_rope", 20)])
+def test_split_sequence_matches_one_process(tmp_path, case, documents):
+    """documents: packed documents of mean length 20, crossing the slices (--documents)."""
+    _run(tmp_path, 1, case, documents)
+    out = _run(tmp_path, 2, case, documents)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(r["gpus"], r["seq_len"]) for r in rows] == [(1, 64), (1, 128), (2, 64), (2, 128)]
     # the first step (initial weights, the same tokens): bf16 autocast, so equal to rounding
@@ -38,7 +41,8 @@ def test_split_sequence_matches_one_process(tmp_path, case):
     two = next(s for s in record["summary"] if s["gpus"] == 2)
     assert two["longest"]["seq_len"] == 128 and two["x_one_gpu"] == 1.0 and two["loss_diff_first"] < 5e-3
     # no length ran out of memory: the longest is a lower bound
-    assert f"| {case} tiny | 2 | ≥ 128 |" in out.with_suffix(".md").read_text()
+    label = case + (f" docs {documents}" if documents else "")
+    assert f"| {label} tiny | 2 | ≥ 128 |" in out.with_suffix(".md").read_text()
 
 
 def test_summary_reads_an_oom_row(tmp_path):
