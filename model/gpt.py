@@ -263,7 +263,8 @@ class GPT(nn.Module):
         if missing:
             raise ValueError(f"no context-parallel form yet for {missing}; those with one: the transformer, FoX, "
                              "sympow, GLA, linear attention, RetNet, Mamba2, DeltaNet and Gated DeltaNet, with NoPE, "
-                             "RoPE, Selective RoPE, learned rotation, VO-RoPE, ALiBi, sinusoidal or learned positions")
+                             "RoPE, Selective RoPE, learned rotation, VO-RoPE, ALiBi, sinusoidal or learned positions "
+                             "(the transformer: T5 and Transformer-XL biases too)")
         # a layer that runs packed rows one document at a time has no slice of a document to hand over
         unpacked = sorted({f"{type(b.mixer).__name__}" + (f" + {type(b.mixer.pe).__name__}" if b.mixer.pe else "")
                            for b in self.blocks if not b.mixer.packed})

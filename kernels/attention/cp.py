@@ -34,12 +34,13 @@ from .kernel import _triton_ok
 
 
 def decayed_attention_cp(q, k, v, *, log_decay=None, slopes=None, power=None, scale=None, group=None,
-                         impl: str | None = None, cu_seqlens=None):
+                         impl: str | None = None, cu_seqlens=None, bias_for=None):
     """This rank's slice of decayed_attention over the whole sequence split across `group` (the default group when
     None). q, k, v [B, T_r, H, D] and log_decay [B, T_r, H] (c within the slice) are this rank's; cu_seqlens: packed
-    documents (B = 1) in the slice's coordinates. impl: "triton" (the kernel on padded queries; Triton's
-    interpreter on a CPU), "torch" (the Tq <= Tk form; packed documents pad the queries too), or default: the
-    kernel where it applies and there is a gate, slopes, a power or packing."""
+    documents (B = 1) in the slice's coordinates; bias_for(keys) -> an additive score bias [B or 1, H, T_r, end]
+    against the gathered keys (T5, Transformer-XL: softmax through the Tq <= Tk form). impl: "triton" (the kernel
+    on padded queries; Triton's interpreter on a CPU), "torch" (the Tq <= Tk form; packed documents pad the queries
+    too), or default: the kernel where it applies and there is a gate, slopes, a power or packing."""
     import torch.distributed as dist
     group = group or dist.group.WORLD
     rank = dist.get_rank(group)
@@ -61,6 +62,10 @@ def decayed_attention_cp(q, k, v, *, log_decay=None, slopes=None, power=None, sc
         starts = rank * T + cu_seqlens[document_ids(cu_seqlens, T)]
         starts = gather(starts, group)[: rank + 1].reshape(-1).clamp(min=0)
         cu = torch.cat([torch.unique_consecutive(starts), starts.new_tensor([end])])
+    if bias_for is not None:  # a bias reads the keys' positions (and Transformer-XL the keys themselves)
+        if cu_seqlens is not None or c is not None or slopes is not None or power is not None:
+            raise ValueError("decayed_attention_cp: an additive bias takes plain softmax scores over one sequence")
+        return decayed_attention(q, keys, values, bias=bias_for(keys), scale=scale, impl="torch")
     if impl is None:
         special = c is not None or slopes is not None or power is not None or cu is not None
         impl = "triton" if special and _triton_ok(keys, keys, None) else "torch"

@@ -135,6 +135,6 @@ def attention(q, k, v, ctx: Context, **scores):
     own (kernels/attention/cp.py)."""
     if ctx.cp_group is None:
         return decayed_attention(q, k, v, cu_seqlens=ctx.cu_seqlens, **scores)
-    if scores.get("bias") is not None:
-        raise ValueError("no context-parallel form of attention with an additive score bias (T5, Transformer-XL)")
+    if scores.get("bias") is not None:  # a bias spans the keys of every slice: scores(keys)["bias"] is asked for
+        raise ValueError("attention over a split sequence takes a score scheme's bias as bias_for(keys)")
     return decayed_attention_cp(q, k, v, group=ctx.cp_group, cu_seqlens=ctx.cu_seqlens, **scores)

@@ -24,6 +24,7 @@ def t5_bucket(n: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Ten
 class T5Bias(PositionalScheme):
     kind = "score"
     packable = False
+    context_parallel = True  # the bias against the gathered keys (kernels/attention/cp.py: bias_for)
 
     def __init__(self, dims, *, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)
