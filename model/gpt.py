@@ -262,7 +262,8 @@ class GPT(nn.Module):
                           if not m.context_parallel} | ({"head=compress"} if self.decoder is not None else set()))
         if missing:
             raise ValueError(f"no context-parallel form yet for {missing}; those with one: the transformer, FoX, "
-                             "sympow, GLA, linear attention, RetNet, Mamba2, DeltaNet and Gated DeltaNet, with NoPE, "
+                             "sympow, GLA, linear attention, RetNet, Mamba2, DeltaNet, Gated DeltaNet and the gated "
+                             "Oja rule, with NoPE, "
                              "RoPE, Selective RoPE, learned rotation, VO-RoPE, ALiBi, sinusoidal or learned positions "
                              "(the transformer: T5 and Transformer-XL biases too)")
         # a layer that runs packed rows one document at a time has no slice of a document to hand over
@@ -271,7 +272,8 @@ class GPT(nn.Module):
         if packed and unpacked:
             raise ValueError(f"no context-parallel form over packed documents yet for {unpacked}; those with one: "
                              "the transformer, FoX without short convolutions, GLA, linear attention, RetNet, Mamba2, "
-                             "DeltaNet and Gated DeltaNet, with NoPE, RoPE, Selective RoPE, learned rotation, ALiBi, "
+                             "DeltaNet, Gated DeltaNet and the gated Oja rule, with NoPE, RoPE, Selective RoPE, "
+                             "learned rotation, ALiBi, "
                              "sinusoidal or learned positions")
 
     @torch.no_grad()

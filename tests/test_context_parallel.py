@@ -25,7 +25,9 @@ MODELS = [({"name": "gla"}, "rope", 2), ({"name": "retnet"}, "nope", 4), ({"name
           ({"name": "gla"}, {"name": "selective_rope", "skip_conv": True, "bias": True, "phase_gate": True}, 2),
           ({"name": "fox"}, "learned_rotation", 2),
           # score biases: asked for against the gathered keys
-          ({"name": "transformer"}, "t5", 2), ({"name": "transformer"}, "xl", 4)]
+          ({"name": "transformer"}, "t5", 2), ({"name": "transformer"}, "xl", 4),
+          # the gated Oja rule: its value-side transition handed over
+          ({"name": "gated_oja"}, "rope", 2)]
 # packed documents: one row whose documents start at a slice's first token (12, with 4 slices of 12), cross a slice
 # boundary (21..30 crosses 24) or span slices (30..48), one of a single token (20)
 PACKED = [({"name": "gla"}, "rope", 4), ({"name": "gla", "short_conv": True}, "nope", 2),
@@ -36,7 +38,7 @@ PACKED = [({"name": "gla"}, "rope", 4), ({"name": "gla", "short_conv": True}, "n
           # accumulated rotations: the angle since the first token's document began carried over
           ({"name": "gla"}, "selective_rope", 4),
           ({"name": "transformer"}, {"name": "selective_rope", "skip_conv": True, "bias": True, "phase_gate": True}, 4),
-          ({"name": "fox"}, "learned_rotation", 2)]
+          ({"name": "fox"}, "learned_rotation", 2), ({"name": "gated_oja"}, "nope", 4)]
 DOCUMENTS = torch.tensor([0, 7, 12, 20, 21, 30, 48])
 SIZE = {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 48}
 
@@ -115,11 +117,11 @@ def test_a_model_on_split_packed_documents_equals_the_whole(tmp_path, backbone, 
 
 def test_a_model_without_a_context_parallel_form_is_refused():
     from duality.model import build_model
-    for backbone, pe, options in (("path", "nope", {}), ("path_fox", "nope", {}), ("gated_oja", "nope", {})):
+    for backbone, pe, options in (("path", "nope", {}), ("path_fox", "nope", {})):
         model = build_model({"name": backbone, **options}, {"name": pe}, SIZE, 64)
         with pytest.raises(ValueError, match="no context-parallel form yet for .*those with one: the transformer"):
             model.check_context_parallel()
-    for backbone, pe in (("gla", "rope"), ("transformer", "alibi"), ("gated_deltanet", "rope")):  # have one
+    for backbone, pe in (("gla", "rope"), ("transformer", "alibi"), ("gated_deltanet", "rope"), ("gated_oja", "nope")):
         build_model({"name": backbone}, {"name": pe}, SIZE, 64).check_context_parallel()
     # over packed documents: a layer the trunk runs one document at a time has no form yet
     for backbone, pe in (({"name": "sympow"}, "rope"), ({"name": "fox", "short_conv": True}, "nope"),

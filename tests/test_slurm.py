@@ -129,11 +129,11 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
     assert "world 2 (FSDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     assert same("fsdp"), losses("fsdp")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29559",
-                        "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2", "backbone=gated_oja",
+                        "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2", "backbone=path",
                                                     "train.context_parallel=2")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and r.stderr.count("error: train.context_parallel=2: no context-parallel form yet for "
-                                                "['GatedOja']") == 1, r.stderr[-2000:]
+                                                "['PaTH']") == 1, r.stderr[-2000:]
 
 
 def test_context_parallel_training_over_packed_documents_follows_the_unsplit_run(tmp_path, data_cache):

@@ -21,7 +21,8 @@ elsewhere.
 
     reference.py   the recurrent and chunked forms, from the equations
     fla.py         flash-linear-attention's chunked kernels
-    cp.py          context parallelism: the gated recurrence and the delta rule over a sequence split across ranks
+    cp.py          context parallelism: the gated recurrence, the delta rule and the Oja rule over a sequence split
+                   across ranks
                    (the state handed over in one all_gather; packed documents too; train.context_parallel)
 """
 
@@ -77,5 +78,5 @@ def oja(q, k, v, gv, beta, scale, S0=None, output_state=False, cu_seqlens=None, 
     if use_fla("oja", q, impl):
         return fla.oja(q, k, v, gv, beta, scale, S0, output_state, cu_seqlens)
     if cu_seqlens is not None:
-        return per_document(lambda *a: oja_recurrent(*a)[0], cu_seqlens, q, k, v, gv, beta, scale), None
+        return _documents(oja_recurrent, cu_seqlens, S0, output_state, q, k, v, gv, beta, scale)
     return oja_recurrent(q, k, v, gv, beta, scale, S0)

@@ -23,6 +23,11 @@ matrix and the correction of each output needs the product up to that token. So 
     carried state:   S0_r = A_{r-1} S0_{r-1} + F_{r-1},  S0_0 = 0                 (one all_gather of (A, F))
     pass 2, from S0_r with the real values:           o_t, exact
 
+Gated Oja rule (oja_cp): S_t = S_{t-1} diag(exp(gv_t)) (I - beta_t v_t v_t^T) + beta_t k_t v_t^T acts on the value
+side, S_end = S_0 A_r + F_r with A_r a V x V matrix; each row of S evolves on its own. So pass 1 stacks V identity
+rows over a zero state, their keys and queries zero: the state ends as [A_r ; F_r]. Then S0_r = S0_{r-1} A_{r-1} +
+F_{r-1}, and pass 2 runs from it, as for the delta rule.
+
 Packed documents (cu_seqlens in the slice's coordinates, kernels/varlen.py: slice_boundaries): a document start is a
 gate that forgets everything. Each rank runs its documents as FLA's varlen kernels do; only its first document
 (the leading `carried` tokens, 0 when a document starts at the slice's first token) continues the state handed
@@ -104,3 +109,35 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None, cu_seqlens=
     # each [B, T_r, H, K or V] (1.6-3.2 GB a layer at 786k tokens a rank)
     carried_out = torch.einsum("bthk,bhkv->bthv", q * torch.exp(G).to(q.dtype), S0.to(q.dtype)) * scale
     return o + carried_out.to(o.dtype)
+
+
+def oja_cp(q, k, v, gv, beta, scale, group=None, impl: str | None = None, cu_seqlens=None):
+    """This rank's slice of o for the gated Oja rule over the whole sequence split across `group` (the default group
+    when None). q, k [B, T_r, H, K], v and gv [B, T_r, H, V], beta [B, T_r, H]; cu_seqlens: packed documents (B = 1)
+    in the slice's coordinates."""
+    import torch.distributed as dist
+
+    from . import oja
+    group = group or dist.group.WORLD
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    cu = None if cu_seqlens is None else cu_seqlens.clamp(min=0)
+    N = 1 if cu is None else len(cu) - 1
+    dt = torch.promote_types(q.dtype, torch.float32)
+    eye = torch.eye(V, dtype=dt, device=q.device).expand(max(B, N), H, V, V)
+    S0 = torch.cat([eye, eye.new_zeros(max(B, N), H, K, V)], 2)  # [A ; F] rows: V + K
+    z = q.new_zeros(B, T, H, V)
+    _, end = oja(torch.cat([z, q], -1), torch.cat([z, k], -1), v, gv, beta, scale, S0=S0, output_state=True,
+                 cu_seqlens=cu, impl=impl)
+    end = end[-B:].to(dt)  # a packed row hands over its last document's state
+    n = carried(cu_seqlens, T).to(q.device)
+    transitions = gather(end[..., :V, :] * (n == T), group)  # a boundary inside the slice: nothing passes through
+    finals = gather(end[..., V:, :], group)
+    S = torch.zeros_like(finals[0])
+    for j in range(world):  # masked, not left out, as in gated_cp
+        keep = float(j < rank)
+        S = keep * (S @ transitions[j] + finals[j]) + (1.0 - keep) * S
+    if cu is not None:  # the first document continues S (unless it starts here), the others start from 0
+        S = torch.cat([S * (n > 0), S.new_zeros(N - 1, *S.shape[1:])])
+    return oja(q, k, v, gv, beta, scale, S0=S, cu_seqlens=cu, impl=impl)[0]

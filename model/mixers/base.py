@@ -24,13 +24,13 @@ from torch import nn
 
 from duality.kernels.attention import cumulative_log_decay, decayed_attention
 from duality.kernels.attention.cp import decayed_attention_cp
-from duality.kernels.recurrences import delta_rule, gated
-from duality.kernels.recurrences.cp import delta_rule_cp, gated_cp
+from duality.kernels.recurrences import delta_rule, gated, oja
+from duality.kernels.recurrences.cp import delta_rule_cp, gated_cp, oja_cp
 
 from ..core.context import TRAINING, Context
 
 # the recurrences that run on a sequence split across ranks (kernels/recurrences/cp.py), by their whole-sequence form
-CONTEXT_PARALLEL = {gated: gated_cp, delta_rule: delta_rule_cp}
+CONTEXT_PARALLEL = {gated: gated_cp, delta_rule: delta_rule_cp, oja: oja_cp}
 
 REGISTRY: dict[str, type["Mixer"]] = {}
 

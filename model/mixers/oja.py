@@ -26,6 +26,7 @@ from .base import Mixer, register
 class GatedOja(Mixer):
     pe_kinds = ("none", "absolute", "rotary")
     packable = True
+    context_parallel = True  # the value-side transition and state handed over (kernels/recurrences/cp.py)
 
     def __init__(self, d_model, n_heads, pe=None, *, gate_low_rank: int = 16, gate_normalizer: float = 16.0,
                  output_gate: bool = True):

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from duality.kernels.recurrences import delta_rule_recurrent, gated_recurrent
-from duality.kernels.recurrences.cp import delta_rule_cp, gated_cp
+from duality.kernels.recurrences import delta_rule_recurrent, gated_recurrent, oja_recurrent
+from duality.kernels.recurrences.cp import delta_rule_cp, gated_cp, oja_cp
 from duality.kernels.varlen import per_document, slice_boundaries
 
 
@@ -125,3 +125,49 @@ def test_a_slice_sees_the_boundaries_in_its_own_coordinates(start, want):
     cu = slice_boundaries(documents(36), start, 9)
     assert cu.tolist() == want
     assert torch.equal(document_positions(cu, 9), document_positions(documents(36), 36)[start:start + 9])
+
+
+def oja_inputs(T: int, B: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    H, K, V = 2, 5, 4
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    v = torch.nn.functional.normalize(r(B, T, H, V), dim=-1)  # as the mixer feeds it: |v| = 1, beta in (0, 1)
+    gv = -torch.rand(B, T, H, V, generator=gen, dtype=torch.float64) * 0.2
+    return r(B, T, H, K), r(B, T, H, K), v, gv, torch.rand(B, T, H, generator=gen, dtype=torch.float64), r(B, T, H, V)
+
+
+def oja_rank_main(rank: int, world: int, port: int, T: int, docs: bool, out: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        n = T // world
+        part = [x[:, rank * n:(rank + 1) * n].clone().requires_grad_(i < 5)
+                for i, x in enumerate(oja_inputs(T, 1 if docs else 2))]
+        cu = slice_boundaries(documents(T), rank * n, n) if docs else None
+        o = oja_cp(*part[:5], 0.5, impl="torch", cu_seqlens=cu)
+        (o * part[5]).sum().backward()
+        torch.save({"o": o.detach(), **{name: x.grad for name, x in zip(("q", "k", "v", "gv", "beta"), part[:5])}},
+                   f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world, T, docs", [(2, 34, False), (4, 36, False), (4, 36, True)])
+def test_split_oja_rule_equals_the_whole(tmp_path, world, T, docs):
+    """The gated Oja rule's value-side transition handed over: outputs and every gradient of the whole sequence."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(oja_rank_main, args=(world, port, T, docs, str(tmp_path / "r")), nprocs=world, join=True)
+    q, k, v, gv, beta, w = (x.requires_grad_(i < 5) for i, x in enumerate(oja_inputs(T, 1 if docs else 2)))
+    if docs:
+        o = per_document(lambda *a: oja_recurrent(*a)[0], documents(T), q, k, v, gv, beta, 0.5)
+    else:
+        o, _ = oja_recurrent(q, k, v, gv, beta, 0.5)
+    (o * w).sum().backward()
+    parts = [torch.load(tmp_path / f"r.{r}") for r in range(world)]
+    torch.testing.assert_close(torch.cat([p["o"] for p in parts], 1), o.detach(), rtol=1e-10, atol=1e-10)
+    for name, x in zip(("q", "k", "v", "gv", "beta"), (q, k, v, gv, beta)):
+        torch.testing.assert_close(torch.cat([p[name] for p in parts], 1), x.grad, rtol=1e-10, atol=1e-10,
+                                   msg=lambda m, n=name: f"d{n}: {m}")
