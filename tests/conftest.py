@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +48,13 @@ def tiny_overrides(out_dir, cache, *extra):
             "train.global_batch_tokens=256", "train.log_interval=1", "train.eval_interval=1000",
             "train.eval_tokens=512", "train.ckpt_interval=1000", "train.sample_tokens=0", "train.progress=false",
             "logger.mode=disabled", "train.device=cpu", *extra]
+
+
+def torchrun_train(nproc: int, port: int, out_dir, cache, *extra) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=nproc train.py` on the tiny model and budget (tiny_overrides), output captured."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                           f"--master_port={port}", "train.py", *tiny_overrides(out_dir, cache, *extra)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def pytest_runtest_teardown(item):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, compose, metrics_rows, tiny_overrides
+from conftest import ROOT, compose, metrics_rows, tiny_overrides, torchrun_train
 
 from duality import train as train_lib
 from duality.trainer.runtime import first_host, from_slurm
@@ -107,31 +107,22 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
         got, ref = losses(run), losses("ref")
         return set(got) == set(ref) and len(ref) == 8 and all(got[k] == pytest.approx(ref[k], rel=1e-5) for k in ref)
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29557",
-                        "train.py", *tiny_overrides(tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = torchrun_train(2, 29557, tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "world 2 (DDP), sequences split over 2" in r.stdout
     assert same("cp"), (losses("cp"), losses("ref"))
     # 4 ranks: 2 groups of 2, each group its own sequences (the data split over groups, not ranks)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_port=29563",
-                        "train.py", *tiny_overrides(tmp_path / "dp2cp2", data_cache, *opts,
-                                                    "train.context_parallel=2")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = torchrun_train(4, 29563, tmp_path / "dp2cp2", data_cache, *opts, "train.context_parallel=2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "micro_batch 2 x grad_accum 2 x world 4 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     assert same("dp2cp2"), losses("dp2cp2")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
-                        "train.py", *tiny_overrides(tmp_path / "fsdp", data_cache, *opts, "train.context_parallel=2",
-                                                    "train.strategy=fsdp")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = torchrun_train(2, 29561, tmp_path / "fsdp", data_cache, *opts, "train.context_parallel=2",
+                       "train.strategy=fsdp")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "world 2 (FSDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     assert same("fsdp"), losses("fsdp")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29559",
-                        "train.py", *tiny_overrides(tmp_path / "tf", data_cache, "train.steps=2", "backbone=path",
-                                                    "train.context_parallel=2")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = torchrun_train(2, 29559, tmp_path / "tf", data_cache, "train.steps=2", "backbone=path",
+                       "train.context_parallel=2")
     assert r.returncode != 0 and r.stderr.count("error: train.context_parallel=2: no context-parallel form yet for "
                                                 "['PaTH']") == 1, r.stderr[-2000:]
 
@@ -143,9 +134,7 @@ def test_context_parallel_training_over_packed_documents_follows_the_unsplit_run
     opts = ("train.steps=4", "train.micro_batch=1", "optim.warmup=2", "backbone=gla", "backbone.short_conv=true",
             "pe=rope", "train.doc_boundaries=true", "train.eval_interval=2")
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29565",
-                        "train.py", *tiny_overrides(tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = torchrun_train(2, 29565, tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "micro_batch 1 x grad_accum 8 x world 2 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     rows = {run: {(r["step"], k): r[k] for r in metrics_rows(tmp_path / run) for k in ("loss", "val_loss") if k in r}

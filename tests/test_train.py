@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose, metrics_rows, tiny_overrides
+from conftest import ROOT, compose, metrics_rows, tiny_overrides, torchrun_train
 
 from duality import eval as eval_lib
 from duality import train as train_lib
@@ -325,10 +325,8 @@ def test_fsdp_with_parameters_kept_gathered_trains_and_saves_as_resharded(tmp_pa
     save): the same losses, validation losses and checkpoint as the one-process run."""
     opts = ("train.steps=6", "train.micro_batch=1", "optim.warmup=2", "train.eval_interval=2", "train.ckpt_interval=3")
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29539",
-                        "train.py", *tiny_overrides(tmp_path / "kept", data_cache, *opts, "train.strategy=fsdp",
-                                                    "train.fsdp_reshard=false")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = torchrun_train(2, 29539, tmp_path / "kept", data_cache, *opts, "train.strategy=fsdp",
+                       "train.fsdp_reshard=false")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "grad_accum 4 x world 2 (FSDP)" in r.stdout, r.stdout[-2000:]
     rows = {k: {(x["step"], x.get("loss"), x.get("val_loss")) for x in metrics_rows(tmp_path / k)}
