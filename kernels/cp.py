@@ -48,3 +48,16 @@ def from_previous(x, group):
     rank = dist.get_rank(group)
     # every rank uses the gathered tensor (rank 0 times zero), so every rank joins its backward
     return gather(x, group)[rank - 1] * float(rank > 0)
+
+
+def hand_over(transition, final, group, apply):
+    """What the slices before this rank hand it, for a state affine in the one before: S_r = apply(A_{r-1}, S_{r-1})
+    + F_{r-1}, S_0 = 0, from every rank's (A, F) in one gather each (the recurrences' states, an accumulated
+    rotation's angle). Later slices are masked out, not left out, so that every rank joins the gathers' backward."""
+    rank = dist.get_rank(group)
+    transitions, finals = gather(transition, group), gather(final, group)
+    S = torch.zeros_like(finals[0])
+    for j in range(len(finals)):
+        keep = float(j < rank)
+        S = keep * (apply(transitions[j], S) + finals[j]) + (1.0 - keep) * S
+    return S

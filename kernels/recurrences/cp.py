@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.reference import cumulative_log_decay
-from ..cp import gather
+from ..cp import hand_over
 from ..varlen import carried
 
 
@@ -53,7 +53,6 @@ def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = N
 
     from . import delta_rule
     group = group or dist.group.WORLD
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
     B, T, H, K = k.shape
     cu = None if cu_seqlens is None else cu_seqlens.clamp(min=0)
     N = 1 if cu is None else len(cu) - 1  # runs: the batch rows, or the documents of a packed row
@@ -65,11 +64,7 @@ def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = N
     end = end[-B:]  # a packed row hands over its last document's state
     n = carried(cu_seqlens, T).to(q.device)
     transition = end[..., :K].to(dt) * (n == T)  # a boundary inside the slice: nothing before it passes through
-    transitions, finals = gather(transition, group), gather(end[..., K:].to(dt), group)
-    S = torch.zeros_like(finals[0])
-    for j in range(world):  # masked, not left out, as in gated_cp
-        keep = float(j < rank)
-        S = keep * (transitions[j] @ S + finals[j]) + (1.0 - keep) * S
+    S = hand_over(transition, end[..., K:].to(dt), group, torch.matmul)
     if cu is not None:  # the first document continues S (unless it starts here), the others start from 0
         S = torch.cat([S * (n > 0), S.new_zeros(N - 1, *S.shape[1:])])
     return delta_rule(q, k, v, beta, scale, g, S0=S, cu_seqlens=cu, impl=impl)[0]
@@ -83,7 +78,6 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None, cu_seqlens=
 
     from . import gated
     group = group or dist.group.WORLD
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
     T = q.shape[1]
     cu = None if cu_seqlens is None else cu_seqlens.clamp(min=0)
     o, final = gated(q, k, v, g, scale, None, True, cu_seqlens=cu, impl=impl)
@@ -97,14 +91,7 @@ def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None, cu_seqlens=
         n = carried(cu_seqlens, T).to(q.device)
         decay = decay * (n == T)
         G = G.masked_fill(torch.arange(T, device=q.device)[None, :, None, None] >= n, float("-inf"))
-    finals = gather(final.to(dt), group)  # [world, B, H, K, V]
-    decays = gather(decay, group)  # [world, B, H, K or 1]
-    # every rank's graph holds every gathered slice (masked out after it, not left out), so that each rank's backward
-    # joins the same collectives
-    S0 = torch.zeros_like(finals[0])
-    for j in range(world):
-        keep = float(j < rank)
-        S0 = keep * (decays[j][..., None] * S0 + finals[j]) + (1.0 - keep) * S0
+    S0 = hand_over(decay, final.to(dt), group, lambda D, S: D[..., None] * S)  # D [B, H, K or 1], S [B, H, K, V]
     # in q's dtype (bf16 under autocast, where the einsum ran in bf16 anyway): no fp32 copies of q, o and their sum,
     # each [B, T_r, H, K or V] (1.6-3.2 GB a layer at 786k tokens a rank)
     carried_out = torch.einsum("bthk,bhkv->bthv", q * torch.exp(G).to(q.dtype), S0.to(q.dtype)) * scale
@@ -119,7 +106,6 @@ def oja_cp(q, k, v, gv, beta, scale, group=None, impl: str | None = None, cu_seq
 
     from . import oja
     group = group or dist.group.WORLD
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
     B, T, H, K = k.shape
     V = v.shape[-1]
     cu = None if cu_seqlens is None else cu_seqlens.clamp(min=0)
@@ -132,12 +118,8 @@ def oja_cp(q, k, v, gv, beta, scale, group=None, impl: str | None = None, cu_seq
                  cu_seqlens=cu, impl=impl)
     end = end[-B:].to(dt)  # a packed row hands over its last document's state
     n = carried(cu_seqlens, T).to(q.device)
-    transitions = gather(end[..., :V, :] * (n == T), group)  # a boundary inside the slice: nothing passes through
-    finals = gather(end[..., V:, :], group)
-    S = torch.zeros_like(finals[0])
-    for j in range(world):  # masked, not left out, as in gated_cp
-        keep = float(j < rank)
-        S = keep * (S @ transitions[j] + finals[j]) + (1.0 - keep) * S
+    # a boundary inside the slice: nothing passes through; the transition acts from the right (value side)
+    S = hand_over(end[..., :V, :] * (n == T), end[..., V:, :], group, lambda A, S: S @ A)
     if cu is not None:  # the first document continues S (unless it starts here), the others start from 0
         S = torch.cat([S * (n > 0), S.new_zeros(N - 1, *S.shape[1:])])
     return oja(q, k, v, gv, beta, scale, S0=S, cu_seqlens=cu, impl=impl)[0]

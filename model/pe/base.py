@@ -21,11 +21,10 @@ ctx.positions() in packed rows (else the trunk runs a packed row one document at
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from duality.common.errors import ConfigError
-from duality.kernels.cp import gather
+from duality.kernels.cp import hand_over
 from duality.kernels.rotary import cumulative_rotation
 from duality.kernels.varlen import carried
 
@@ -99,12 +98,8 @@ class AccumulatedRotation(PositionalScheme):
             dphi = dphi.float()
             T, n = dphi.shape[1], carried(cu, dphi.shape[1]).to(dphi.device)
             tail = dphi if cu is None else dphi * (torch.arange(T, device=dphi.device) >= cu[-2])[:, None, None]
-            sums = gather(tail.sum(1), ctx.cp_group)  # [world, B, H, D/2 or 1]: each slice's last document's
-            passes = gather((n == T).to(dphi.dtype), ctx.cp_group)  # [world]: no document starts inside it
-            before = torch.zeros_like(sums[0])
-            for j in range(len(sums)):  # masked, not left out, so every rank joins the gathers' backward
-                keep = float(j < dist.get_rank(ctx.cp_group))
-                before = keep * (passes[j] * before + sums[j]) + (1.0 - keep) * before
+            # each slice passes on its last document's sum, and the sums before only if no document starts in it
+            before = hand_over((n == T).to(dphi.dtype), tail.sum(1), ctx.cp_group, torch.mul)  # [B, H, D/2 or 1]
             dphi = torch.cat([dphi[:, :1] + before[:, None] * (n > 0), dphi[:, 1:]], 1)
             cu = None if cu is None else cu.clamp(min=0)
         state = ctx.state
