@@ -513,13 +513,28 @@ def cmd_plot(a) -> None:
         ax.axvline(TRAIN_LEN, color="gray", linestyle="--", linewidth=1)
     handles = [Line2D([], [], color=c, ls=st, label=g) for g, (c, st) in look.items()]
     handles.append(Line2D([], [], color="gray", ls=":", label="the seed's code, NoPE"))
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
-    fig.suptitle(a.title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(a.out, dpi=110)
-    print(f"wrote {a.out}")
+    finish_figure(fig, handles, a.title, a.out)
     print(table(rec))
     print(fits_table(rec))
+
+
+def finish_figure(fig, handles, title: str, out) -> None:
+    """A figure of these A/Bs: the legend under its panels, the title over them, written whole or not at all."""
+    from duality.common.io import atomic_path
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    with atomic_path(out, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110)
+    print(f"wrote {out}")
+
+
+def describe_record(parser) -> None:
+    """A record's description: where, when and with what its runs ran."""
+    parser.add_argument("--device", default="")
+    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    parser.add_argument("--software", default="")
+    parser.add_argument("--note", default="")
 
 
 def main(argv=None) -> None:
@@ -548,10 +563,7 @@ def main(argv=None) -> None:
     c.add_argument("--call", default="", help="with --into: which call the added runs ran in")
     c.add_argument("--suffix", default="", help="added to the added runs' names")
     c.add_argument("--out")
-    c.add_argument("--device", default="")
-    c.add_argument("--date", default=time.strftime("%Y-%m-%d"))
-    c.add_argument("--software", default="")
-    c.add_argument("--note", default="")
+    describe_record(c)
     f = sub.add_parser("plot", help="the record as one figure and a markdown table")
     f.add_argument("record")
     f.add_argument("--out", required=True)

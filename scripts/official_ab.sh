@@ -4,6 +4,9 @@
 # when absent, and run unchanged through scripts/official_ab.py, which writes its S2 data and watches its evaluations.
 #   bash scripts/official_ab.sh OUT seed   # the seed's state_tracking main.py: S2, GLA + PES, SEEDS, each a process
 #   bash scripts/official_ab.sh OUT repo   # this repo's sweep=parity jobs for GLA + Selective RoPE at the same SEEDS
+#   bash scripts/official_ab.sh OUT copying  # the seed's copying main.py through scripts/official_ab_copying.py: JOBS
+#                                            # (default "selective_rope:0 nope:0"), evaluated every 500 steps, stopped
+#                                            # after the last evaluation that fits LIMIT (its 5,000-step schedule kept)
 # The seed's main.py runs its own S2 sweep's settings (configs/state_tracking: 1-layer GLA d 384, 12 heads, short
 # convolutions, lr 5e-4, batch 1024, 100 epochs of cosine, bf16 weights; Selective RoPE with temperature 1, the bias,
 # no phase gate) and has no resume: each run lasts one call, LIMIT seconds (default 540; DEADLINE, a Unix time, sets
@@ -13,8 +16,8 @@
 # the seed's CSVs are written once (default /tmp/official_ab/data: 2M rows of 128 and 2,000 of 512, about 40 s);
 # RUNS (default outputs/official_ab). OUT/<what>.tar.gz gets every run's records, not its checkpoints.
 set -uo pipefail
-OUT=${1:?usage: official_ab.sh OUT seed|repo}
-WHAT=${2:?usage: official_ab.sh OUT seed|repo}
+OUT=${1:?usage: official_ab.sh OUT seed|copying|repo}
+WHAT=${2:?usage: official_ab.sh OUT seed|copying|repo}
 SEED_SRC=${SEED_SRC:-.seed/selective-rope}
 SEED_COMMIT=d12e825
 DATA=${DATA:-/tmp/official_ab/data}
@@ -26,12 +29,13 @@ SEEDS=${SEEDS:-0 1 2}
 # instead of reading one shared autotuning cache, the other difference).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 mkdir -p "$OUT" "$RUNS"
+case $WHAT in seed|copying|repo) ;; *) echo "unknown: $WHAT (seed, copying or repo)"; exit 2 ;; esac
+if [ "$WHAT" != repo ] && [ ! -d "$SEED_SRC/synthetic_tasks" ]; then
+  git clone -q https://github.com/timurcarstensen/selective-rope "$SEED_SRC" && git -C "$SEED_SRC" checkout -q $SEED_COMMIT \
+    || { echo "no seed code at $SEED_SRC and it could not be cloned: fetch it there (commit $SEED_COMMIT)"; exit 2; }
+fi
 case $WHAT in
   seed)
-    if [ ! -d "$SEED_SRC/synthetic_tasks" ]; then
-      git clone -q https://github.com/timurcarstensen/selective-rope "$SEED_SRC" && git -C "$SEED_SRC" checkout -q $SEED_COMMIT \
-        || { echo "no seed code at $SEED_SRC and it could not be cloned: fetch it there (commit $SEED_COMMIT)"; exit 2; }
-    fi
     # its main.py finds its configs through the git repository around it (a copy without .git gets one)
     [ -e "$SEED_SRC/.git" ] || git -C "$SEED_SRC" init -q
     model_args=(model/position_embedding=selective_rope model.use_short_conv=true model.position_embedding.temp_theta=1.0
@@ -67,8 +71,25 @@ case $WHAT in
     wait
     echo "seed: $n runs; exit codes (124: stopped at LIMIT, as planned):" $(cat "$RUNS"/seed-*.rc)
     tar -czf "$OUT/seed.tar.gz" --exclude=checkpoints --exclude='*.csv' -C "$RUNS" $(cd "$RUNS" && ls -d seed-*) ;;
+  copying)
+    deadline=$(( $(date +%s) + LIMIT - 15 ))
+    [ -n "${DEADLINE:-}" ] && deadline=$(( DEADLINE - 15 ))
+    gpus=(${GPUS:-}) n=0
+    for job in ${JOBS:-selective_rope:0 nope:0}; do
+      pe=${job%:*} seed=${job#*:} name=copy-seed-gla-${job%:*}-s${job#*:}
+      on_gpu=()
+      [ ${#gpus[@]} -gt 0 ] && on_gpu=(CUDA_VISIBLE_DEVICES=${gpus[$(( n % ${#gpus[@]} ))]})
+      rm -rf "${RUNS:?}/$name" && mkdir -p "$RUNS/$name"
+      echo "$name: ${on_gpu[*]} official_ab_copying.py run $SEED_SRC $RUNS/$name --seed $seed --pe $pe"
+      { env "${on_gpu[@]}" timeout $(( deadline + 10 - $(date +%s) )) python scripts/official_ab_copying.py run "$SEED_SRC" \
+          "$RUNS/$name" --seed "$seed" --pe "$pe" --deadline "$deadline" >"$RUNS/$name/run.log" 2>&1
+        echo $? >"$RUNS/$name/rc"; } &
+      n=$((n + 1))
+    done
+    wait
+    echo "copying: $n runs; exit codes:" $(cat "$RUNS"/copy-seed-*/rc)
+    tar -czf "$OUT/copying.tar.gz" -C "$RUNS" $(cd "$RUNS" && ls -d copy-seed-*) ;;
   repo)
     RUNS=$RUNS/repo SEEDS="$SEEDS" ONLY=gla_st-selective EPOCHS=100 DEADLINE=$(( $(date +%s) + LIMIT )) \
       EXTRA="train.eval_interval=500 ${EXTRA:-}" bash scripts/synthetic_gpu.sh "$OUT" parity_gla ;;
-  *) echo "unknown: $WHAT (seed or repo)"; exit 2 ;;
 esac

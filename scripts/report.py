@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_train  # noqa: E402  (the benchmark's own table functions)
 import longest_cp  # noqa: E402
 import official_ab  # noqa: E402
+import official_ab_copying  # noqa: E402
 import seed_spread  # noqa: E402
 
 DOCS = ROOT / "docs"
@@ -35,6 +36,7 @@ MULTI_GPU = DOCS / "multi_gpu/multi_gpu.json"
 FSDP_1_3B = DOCS / "multi_gpu/fsdp2_1_3b_2xh100.json"
 VERDICTS = DOCS / "synthetic/verdicts.json"
 OFFICIAL_AB = DOCS / "synthetic/official_ab_s2_2026-11-26.json"
+OFFICIAL_AB_COPYING = DOCS / "synthetic/official_ab_copying_2026-11-26.json"
 CP_LONGEST = [DOCS / "multi_gpu/cp_longest_h100_2026-11-26.json", DOCS / "multi_gpu/cp_longest_h200_2026-11-26.json"]
 SCALING_4 = DOCS / "multi_gpu/scaling_4xh100_2026-11-26.json"
 NAMES = {"ref": "nanoGPT reference", "transformer+rope": "transformer + RoPE", "gla+nope": "GLA",
@@ -182,6 +184,14 @@ def official_ab_fits_table() -> str:
     return official_ab.fits_table(load(OFFICIAL_AB))
 
 
+def official_ab_copying_table() -> str:
+    return official_ab_copying.summary(load(OFFICIAL_AB_COPYING))
+
+
+def official_ab_copying_steps_table() -> str:
+    return official_ab_copying.table(load(OFFICIAL_AB_COPYING))
+
+
 MQAR_GRID = ["1e-3", "2.2e-3", "4.6e-3", "1e-2", "2.2e-2", "4.6e-2"]
 
 
@@ -289,7 +299,9 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table, "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
-          "official_ab_fits": official_ab_fits_table, "dcp": dcp_table, "cp_longest": cp_longest_table,
+          "official_ab_fits": official_ab_fits_table, "official_ab_copying": official_ab_copying_table,
+          "official_ab_copying_steps": official_ab_copying_steps_table, "dcp": dcp_table,
+          "cp_longest": cp_longest_table,
           "scaling_4": scaling_4_table}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
