@@ -45,6 +45,15 @@ from ..cp import hand_over
 from ..varlen import carried
 
 
+def initial_states(S, n, cu):
+    """The second pass's initial state of each run: the handed-over S for batch rows; over packed documents (cu) the
+    first document continues S unless one starts at the slice's first token (n = 0 carried tokens), the others
+    start from 0."""
+    if cu is None:
+        return S
+    return torch.cat([S * (n > 0), S.new_zeros(len(cu) - 2, *S.shape[1:])])
+
+
 def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = None, cu_seqlens=None):
     """This rank's slice of o for the (gated) delta rule over the whole sequence split across `group` (the default
     group when None). q, k [B, T_r, H, K], v [B, T_r, H, V], beta and g [B, T_r, H] (g: log decay, or None);
@@ -65,9 +74,7 @@ def delta_rule_cp(q, k, v, beta, scale, g=None, group=None, impl: str | None = N
     n = carried(cu_seqlens, T).to(q.device)
     transition = end[..., :K].to(dt) * (n == T)  # a boundary inside the slice: nothing before it passes through
     S = hand_over(transition, end[..., K:].to(dt), group, torch.matmul)
-    if cu is not None:  # the first document continues S (unless it starts here), the others start from 0
-        S = torch.cat([S * (n > 0), S.new_zeros(N - 1, *S.shape[1:])])
-    return delta_rule(q, k, v, beta, scale, g, S0=S, cu_seqlens=cu, impl=impl)[0]
+    return delta_rule(q, k, v, beta, scale, g, S0=initial_states(S, n, cu), cu_seqlens=cu, impl=impl)[0]
 
 
 def gated_cp(q, k, v, g, scale, group=None, impl: str | None = None, cu_seqlens=None):
@@ -120,6 +127,4 @@ def oja_cp(q, k, v, gv, beta, scale, group=None, impl: str | None = None, cu_seq
     n = carried(cu_seqlens, T).to(q.device)
     # a boundary inside the slice: nothing passes through; the transition acts from the right (value side)
     S = hand_over(end[..., :V, :] * (n == T), end[..., V:, :], group, lambda A, S: S @ A)
-    if cu is not None:  # the first document continues S (unless it starts here), the others start from 0
-        S = torch.cat([S * (n > 0), S.new_zeros(N - 1, *S.shape[1:])])
-    return oja(q, k, v, gv, beta, scale, S0=S, cu_seqlens=cu, impl=impl)[0]
+    return oja(q, k, v, gv, beta, scale, S0=initial_states(S, n, cu), cu_seqlens=cu, impl=impl)[0]
