@@ -171,6 +171,17 @@ class Cache:
         self.layers = [LayerState() for _ in range(self.n_layer)]
 
 
+def with_forms(packed: bool = False) -> str:
+    """The backbones and schemes (their config names) with a context-parallel form, over packed documents too when
+    `packed`, read off their registries."""
+    from .mixers import REGISTRY as MIXERS
+    from .pe import REGISTRY as SCHEMES
+
+    def names(registry):
+        return ", ".join(sorted(n for n, c in registry.items() if c.context_parallel and (c.packable or not packed)))
+    return f"backbone={{{names(MIXERS)}}} with pe={{{names(SCHEMES)}}}, where the pair is valid"
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, mixers: list[nn.Module], abs_pe: nn.Module | None = None):
         super().__init__()
@@ -261,20 +272,13 @@ class GPT(nn.Module):
         missing = sorted({type(m).__name__ for m in parts + ([self.abs_pe] if self.abs_pe is not None else [])
                           if not m.context_parallel} | ({"head=compress"} if self.decoder is not None else set()))
         if missing:
-            raise ValueError(f"no context-parallel form yet for {missing}; those with one: the transformer, FoX, "
-                             "sympow, GLA, linear attention, RetNet, Mamba2, DeltaNet, Gated DeltaNet and the gated "
-                             "Oja rule, with NoPE, "
-                             "RoPE, Selective RoPE, learned rotation, VO-RoPE, ALiBi, sinusoidal or learned positions "
-                             "(the transformer: T5 and Transformer-XL biases too)")
+            raise ValueError(f"no context-parallel form yet for {missing}; those with one: {with_forms()}")
         # a layer that runs packed rows one document at a time has no slice of a document to hand over
         unpacked = sorted({f"{type(b.mixer).__name__}" + (f" + {type(b.mixer.pe).__name__}" if b.mixer.pe else "")
                            for b in self.blocks if not b.mixer.packed})
         if packed and unpacked:
             raise ValueError(f"no context-parallel form over packed documents yet for {unpacked}; those with one: "
-                             "the transformer, FoX without short convolutions, GLA, linear attention, RetNet, Mamba2, "
-                             "DeltaNet, Gated DeltaNet and the gated Oja rule, with NoPE, RoPE, Selective RoPE, "
-                             "learned rotation, ALiBi, "
-                             "sinusoidal or learned positions")
+                             f"{with_forms(packed=True)} (FoX without short convolutions)")
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
