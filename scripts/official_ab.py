@@ -200,6 +200,31 @@ def stand_ins() -> dict:
     return {"wandb": wandb, "polars": polars}
 
 
+def import_seed_module(src: Path, task: str, names=("wandb", "polars")):
+    """The seed's synthetic_tasks/<task> main.py as a module: this repo's shipped FLA kernel configs seeded where it
+    is importable (first steps in seconds, not minutes), and stand-ins for `names` (stand_ins) that are not
+    installed, seen by main.py alone."""
+    import importlib
+    sys.path[:0] = [str(src / "src"), str(src / f"synthetic_tasks/{task}/src")]
+    try:
+        import duality.kernels.tuned_configs  # noqa: F401
+    except ImportError:
+        pass
+    import accelerate  # noqa: F401  (before the stand-ins: see stand_ins)
+    missing, stand = {}, stand_ins()
+    for name in names:
+        try:
+            __import__(name)
+        except ImportError:
+            missing[name] = sys.modules[name] = stand[name]
+    seed_main = importlib.import_module(f"{task}.main")
+    for name in missing:
+        del sys.modules[name]
+    if missing:
+        print(f"[official_ab] stand-ins for {', '.join(missing)} (not installed)", flush=True)
+    return seed_main
+
+
 def import_seed_main(src: Path):
     """The seed's state_tracking/main.py as a module, with what this machine's packages need (stand_ins, and the
     token_type_ids column: main.py removes it after tokenizing, and transformers 5's tokenizers no longer return
@@ -207,25 +232,9 @@ def import_seed_main(src: Path):
     import logging
     import os
     os.chdir(src)  # the seed's main finds its configs through the git repository around the working directory
-    sys.path[:0] = [str(src / "src"), str(src / "synthetic_tasks/state_tracking/src")]
-    try:  # this repo's shipped FLA kernel configs, where it is importable: first steps in seconds, not minutes
-        import duality.kernels.tuned_configs  # noqa: F401
-    except ImportError:
-        pass
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    import accelerate  # noqa: F401  (before the stand-ins: see stand_ins)
-    import datasets  # noqa: F401
-    missing = {}
-    for name, module in stand_ins().items():
-        try:
-            __import__(name)
-        except ImportError:
-            missing[name] = sys.modules[name] = module
-    from state_tracking import main as seed_main
-    for name in missing:
-        del sys.modules[name]
-    if missing:
-        print(f"[official_ab] stand-ins for {', '.join(missing)} (not installed)", flush=True)
+    import datasets  # noqa: F401  (before the stand-ins: datasets probes polars)
+    seed_main = import_seed_module(src, "state_tracking")
     tokenize = seed_main.tokenize
 
     def tokenize_with_type_ids(example, tokenizer, supervised):

@@ -76,7 +76,8 @@ case $WHAT in
     [ -n "${DEADLINE:-}" ] && deadline=$(( DEADLINE - 15 ))
     gpus=(${GPUS:-}) n=0
     for job in ${JOBS:-selective_rope:0 nope:0}; do
-      pe=${job%:*} seed=${job#*:} name=copy-seed-gla-${job%:*}-s${job#*:}
+      pe=${job%:*} seed=${job#*:}
+      name=copy-seed-gla-$pe-s$seed
       on_gpu=()
       [ ${#gpus[@]} -gt 0 ] && on_gpu=(CUDA_VISIBLE_DEVICES=${gpus[$(( n % ${#gpus[@]} ))]})
       rm -rf "${RUNS:?}/$name" && mkdir -p "$RUNS/$name"

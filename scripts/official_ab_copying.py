@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from official_ab import describe_record, finish_figure, read_jsonl, stand_ins  # noqa: E402
+from official_ab import describe_record, finish_figure, import_seed_module, read_jsonl  # noqa: E402
 
 from duality.common.io import write_atomic  # noqa: E402
 
@@ -137,25 +137,6 @@ def compose_config(src: Path, pe: str, seed: int):
         return compose(config_name="copying", overrides=[*SWEEP, f"trainer.seed={seed}", *SCHEMES[pe]])
 
 
-def import_seed_copying(src: Path):
-    """The seed's copying/main.py as a module, wandb (no network on the device) replaced by a stand-in."""
-    sys.path[:0] = [str(src / "src"), str(src / "synthetic_tasks/copying/src")]
-    try:  # this repo's shipped FLA kernel configs, where it is importable: first steps in seconds, not minutes
-        import duality.kernels.tuned_configs  # noqa: F401
-    except ImportError:
-        pass
-    import accelerate  # noqa: F401  (before the stand-in, whose absence accelerate probes)
-    missing = {}
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        missing["wandb"] = sys.modules["wandb"] = stand_ins()["wandb"]
-    from copying import main as seed_main
-    for name in missing:
-        del sys.modules[name]
-    return seed_main
-
-
 def cmd_run(a) -> None:
     import logging
 
@@ -166,7 +147,7 @@ def cmd_run(a) -> None:
     src, out = Path(a.src).resolve(), Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    seed_main = import_seed_copying(src)
+    seed_main = import_seed_module(src, "copying", names=("wandb",))  # wandb: no network on the device
     seed_main.log = get_logger(seed_main.__name__)  # main.py defines `log` only when run as a script
     cfg = compose_config(src, a.pe, a.seed)
     # what schedule_copying.py does before submitting: the model's config as a JSON file the loop loads
