@@ -31,6 +31,7 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("*/RE
 THROUGHPUT = [DOCS / "throughput/bench_train_124m.json", DOCS / "throughput/bench_train_370m.json"]
 VS_FLA = [DOCS / f"memory/{n}_370m_4096_h100.json" for n in ("fla_peers", "fused", "split", "profile", "peers_again")]
 FIRST_STEP = DOCS / "gpu/first_step_h100.json"
+FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
 LONGEST = DOCS / "memory/longest_65536_h100_2026-11-25.json"
 MULTI_GPU = DOCS / "multi_gpu/multi_gpu.json"
 FSDP_1_3B = DOCS / "multi_gpu/fsdp2_1_3b_2xh100.json"
@@ -80,8 +81,8 @@ def vs_fla_table() -> str:
     return bench_train.vs_fla(VS_FLA)
 
 
-def first_step_table() -> str:
-    rec = load(FIRST_STEP)
+def first_step_table(path: Path | None = None) -> str:
+    rec = load(path or FIRST_STEP)
     lines = [f"| case ({rec['setting']}, compiled) | first step, s | configs timed | process wall, s |",
              "|---|---:|---:|---:|"]
     for r in rec["rows"]:
@@ -297,7 +298,8 @@ def verdicts_table() -> str:
 
 BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": throughput_table,
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
-          "vs_fla": vs_fla_table, "first_step": first_step_table, "longest": longest_table,
+          "vs_fla": vs_fla_table, "first_step": first_step_table,
+          "first_step_h200": lambda: first_step_table(FIRST_STEP_H200), "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
           "official_ab_fits": official_ab_fits_table, "official_ab_copying": official_ab_copying_table,
           "official_ab_copying_steps": official_ab_copying_steps_table, "dcp": dcp_table,
