@@ -55,12 +55,36 @@ def batched_hflm():
     of a multiple-choice question that differ in their last token share it), right-padded to a multiple of PAD_TO,
     the log-softmax taken only at the continuation's positions, and one transfer to the CPU a batch. A causal model
     gives right padding no influence on the real positions, so the scores are HFLM's (tests/test_eval.py)."""
+    import numpy as np
     import torch
     import torch.nn.functional as F
     from lm_eval.models.huggingface import HFLM
     from tqdm import tqdm
 
     class BatchedHFLM(HFLM):
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            """HFLM's tokenization of each (context, continuation), in two calls of a fast tokenizer's Rust
+            encoder instead of two Python-level encodes per request (a third of the scoring time at 64 rows a
+            batch): the context's trailing whitespace moves to the continuation, the whole is encoded and split
+            at the context's length (lm_eval's _encode_pair). Empty contexts, slow tokenizers, a BOS-prefixed
+            string or an explicit add_bos_token take HFLM's own path."""
+            args = [r.args for r in requests]
+            bos = self.tokenizer.decode(self.prefix_token_id)
+            if (self.backend != "causal" or not getattr(self.tokenizer, "is_fast", False) or self.enable_thinking
+                    or self.add_bos_token is not None
+                    or any(not c or (bos and (c + x).startswith(bos)) for c, x in args)):
+                return super().loglikelihood(requests, disable_tqdm)
+            ctxs, conts = [], []
+            for c, x in args:
+                n = len(c) - len(c.rstrip())
+                ctxs.append(c[:len(c) - n])
+                conts.append(c[len(c) - n:] + x)
+            encode = self.tokenizer.backend_tokenizer.encode_batch
+            wholes = [e.ids for e in encode([c + x for c, x in zip(ctxs, conts)])]
+            heads = [e.ids for e in encode(ctxs)]
+            return self._loglikelihood_tokens([((c, x), h, w[len(h):]) for (c, x), h, w in zip(args, heads, wholes)],
+                                              disable_tqdm=disable_tqdm)
+
         def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
             if self.backend != "causal" or (self.batch_size == "auto" and not override_bs):
                 return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
@@ -78,35 +102,34 @@ def batched_hflm():
             for j, (r, cont) in enumerate(uses):
                 by_row[where[r]].append(j)
             bs = int(override_bs or self.batch_size)
+            pad = PAD_TO if self.device.type == "cuda" else 1  # a CPU gains nothing from fewer shapes
             out = [None] * len(requests)
             for start in tqdm(range(0, len(unique), bs), disable=disable_tqdm or self.rank != 0,
                               desc="Running loglikelihood requests (batched)"):
                 batch = unique[start:start + bs]
-                pad = PAD_TO if self.device.type == "cuda" else 1  # a CPU gains nothing from fewer shapes
                 width = min(-(-len(batch[0]) // pad) * pad, self.max_length)
-                inp = torch.zeros(len(batch), width, dtype=torch.long)
+                inp = np.zeros((len(batch), width), dtype=np.int64)
+                # every continuation token of the batch, flat: its request (0..served-1), row, position, target
+                served, req, row_of, pos, tgt = [], [], [], [], []
                 for i, row in enumerate(batch):
-                    inp[i, :len(row)] = torch.tensor(row)
-                # every (request, token) of the batch: its row, position and target
-                served = [j for i in range(len(batch)) for j in by_row[start + i]]
-                n = max(len(uses[j][1]) for j in served)
-                which, pos, tgt = (torch.zeros(len(served), n, dtype=torch.long) for _ in range(3))
-                mask = torch.zeros(len(served), n, dtype=torch.bool)
-                k = 0
-                for i, row in enumerate(batch):
+                    inp[i, :len(row)] = row
                     for j in by_row[start + i]:
                         cont = uses[j][1]
-                        which[k], mask[k, :len(cont)] = i, True
-                        pos[k, :len(cont)] = torch.arange(len(row) - len(cont), len(row))
-                        tgt[k, :len(cont)] = torch.tensor(cont)
-                        k += 1
-                which, pos, tgt, mask = (t.to(self.device) for t in (which, pos, tgt, mask))
-                logits = self._model_call(inp.to(self.device))[which, pos]  # [requests, n, vocab]
+                        req += [len(served)] * len(cont)
+                        row_of += [i] * len(cont)
+                        pos += range(len(row) - len(cont), len(row))
+                        tgt += cont
+                        served.append(j)
+                req, row_of, pos, tgt = torch.tensor([req, row_of, pos, tgt]).to(self.device, non_blocking=True)
+                logits = self._model_call(torch.from_numpy(inp).to(self.device))[row_of, pos]  # [tokens, vocab]
                 logp = F.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
-                lp = (logp.gather(-1, tgt[..., None])[..., 0] * mask).sum(1)
-                greedy = ((logp.argmax(-1) == tgt) | ~mask).all(1)
-                for j, value, is_greedy in zip(served, lp.tolist(), greedy.tolist()):  # one transfer a batch
-                    out[j] = (value, bool(is_greedy))
+                # HFLM's score is a request's log-probs summed in their dtype; here summed in float64, then rounded
+                lp = logp.gather(-1, tgt[:, None])[:, 0]
+                ll = torch.zeros(len(served), device=lp.device, dtype=torch.float64).index_add_(0, req, lp.double())
+                ll = ll.to(lp.dtype)
+                miss = torch.zeros(len(served), device=lp.device).index_add_(0, req, (logp.argmax(-1) != tgt).float())
+                for j, value, m in zip(served, *torch.stack([ll.double(), miss.double()]).tolist()):  # one transfer
+                    out[j] = (value, m == 0)
                     if requests[j][0] is not None:
                         self.cache_hook.add_partial("loglikelihood", requests[j][0], out[j])
             return out

@@ -48,6 +48,8 @@ def main():
     ap.add_argument("--fresh", nargs="*", default=[], help="backbone/pe models at init instead of checkpoints")
     ap.add_argument("--size", default="124m")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--no-generate", action="store_true", help="time loglikelihood only")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--via-folder", action="store_true",
                     help="save each model as a transformers folder and let HFLM load it by path, as `lm_eval "
                          "--model hf --model_args pretrained=DIR` does")
@@ -64,6 +66,7 @@ def main():
     print("| model | batch | loglikelihood requests/s: HFLM / batched | largest score difference | "
           "generate_until requests/s |")
     print("|---|---|---|---|---|")
+    rows = []
     models = [(None, *DualityForCausalLM.from_checkpoint(ck, device)) for ck in args.ckpts]
     models = [(f"{m.config.backbone['name']} + {m.config.pe['name']}", m, t) for _, m, t in models]
     models += list(fresh(args.fresh, args.size, device))
@@ -87,18 +90,32 @@ def main():
                 print(f"{name}: HFLM(pretrained=folder) built in {time.perf_counter() - t:.1f} s", flush=True)
             rates, scores = [], []
             for lm in (plain, hflm(model, tokenizer, batch_size=bs)):
-                lm.loglikelihood(reqs[:4 * bs], disable_tqdm=True)  # warm-up (kernels, autotuning)
+                # warm-up over every request: each padded shape compiles (and may autotune) once, and HFLM's
+                # longest-row padding makes more shapes than the batched scorer's multiples of 64
+                lm.loglikelihood(reqs, disable_tqdm=True)
                 sync()
                 t = time.perf_counter()
                 scores.append(lm.loglikelihood(reqs, disable_tqdm=True))
                 sync()
                 rates.append(len(reqs) / (time.perf_counter() - t))
             diff = max(abs(a - b) for (a, _), (b, _) in zip(*scores))
-            t = time.perf_counter()
-            plain.generate_until(gens, disable_tqdm=True)
-            sync()
-            g = len(gens) / (time.perf_counter() - t)
-            print(f"| {name} | {bs} | {rates[0]:,.0f} / {rates[1]:,.0f} | {diff:.1e} | {g:,.1f} |", flush=True)
+            # relative to the score: under bf16 autocast both round each sum to bf16 (8 significant bits)
+            rel = max(abs(a - b) / max(abs(a), 1e-30) for (a, _), (b, _) in zip(*scores))
+            g = float("nan")
+            if not args.no_generate:
+                t = time.perf_counter()
+                plain.generate_until(gens, disable_tqdm=True)
+                sync()
+                g = len(gens) / (time.perf_counter() - t)
+            print(f"| {name} | {bs} | {rates[0]:,.0f} / {rates[1]:,.0f} | {diff:.1e} ({rel:.0e} of it) | {g:,.1f} |",
+                  flush=True)
+            rows.append(dict(model=name, batch=bs, hflm_req_s=rates[0], batched_req_s=rates[1], max_score_diff=diff,
+                             max_rel_diff=rel, generate_req_s=g))
+    if args.json:
+        from duality.common.io import write_atomic
+        meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", date=time.strftime(
+            "%Y-%m-%d"), torch=torch.__version__, requests=len(reqs), size=args.size)
+        write_atomic(args.json, json.dumps(dict(meta, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

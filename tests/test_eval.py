@@ -102,6 +102,24 @@ def test_the_batched_scorer_gives_hflms_results_with_one_forward_per_distinct_ro
     assert calls == [torch.Size([1, width])]
 
 
+def test_the_batched_scorer_tokenizes_as_hflm(lm, monkeypatch):
+    """The subclass's loglikelihood encodes all requests in two calls of the Rust tokenizer; the (context,
+    continuation) token lists it hands on are HFLM's own: trailing whitespace moved to the continuation, non-ASCII
+    text, a context longer than max_length. An empty context takes HFLM's path (end-of-text as context)."""
+    from lm_eval.models.huggingface import HFLM
+    seen = []
+    monkeypatch.setattr(type(lm), "_loglikelihood_tokens", lambda self, reqs, **kw: seen.append(reqs) or
+                        [(0.0, False)] * len(reqs))
+    reqs = [("The module ", "provides functions"), ("Return the\n\t", " value of x."), ("naïve café", " → π"),
+            ("A very long context " * 30, " end"), ("Hello", " world")]
+    for batch in (reqs, reqs + [("", "Hello world")]):
+        seen.clear()
+        lm.loglikelihood(requests("loglikelihood", *batch), disable_tqdm=True)
+        HFLM.loglikelihood(lm, requests("loglikelihood", *batch), disable_tqdm=True)
+        assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == len(batch)
+    assert seen[0][0][1:] == (lm.tok.encode("The module"), lm.tok.encode(" provides functions"))
+
+
 def test_rolling_loglikelihood_scores_every_token_once(lm):
     text = "Return a new list containing all items from the iterable in ascending order. " * 4
     ids = lm.tok.encode(text)
