@@ -69,7 +69,7 @@ def run(cfg) -> dict:
             if rt.master:
                 print(f"this run stopped at step {start} with accuracy {ckpt['stopped_at_acc']:.4f} >= "
                       "train.stop_acc; nothing to do (train.stop_acc=null trains on)")
-        train_model = rt.wrap(model, t.compile, t.compile_mode)
+        train_model = rt.wrap(model, t.compile, t.compile_mode, t.compile_scope)
 
         if rt.master:
             (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(run_cfg))

@@ -19,6 +19,11 @@ Activation checkpointing (set_activation_checkpointing, train.activation_checkpo
                keep: their forward runs again too
 Both give the gradients of the plain model (tests/test_memory.py).
 
+Compilation (train.compile, train.compile_scope; compile_model): the model compiled whole, or each block and the
+head on their own (scope blocks, torchtitan's regional compilation). The blocks run the same code with their
+parameters as graph inputs, so one compilation serves all n_layer of them where the whole model is traced unrolled;
+what is lost are fusions across a block's boundary.
+
 Init (GPT-2 style): every Linear and Embedding ~ N(0, 0.02); projections that write into the residual stream
 (mixer outputs, SwiGLU W_2) ~ N(0, 0.02 / sqrt(2 n_layer)) so the residual variance does not grow with depth;
 a module with special parameters (gate biases, ...) sets them in its own `init_extra()`, called afterwards.
@@ -86,6 +91,7 @@ NORMS = {"rms": nn.RMSNorm, "layer": nn.LayerNorm}
 AC_MODES = ("none", "full", "selective")
 # torch.compile's modes (train.compile_mode); "default" passes none
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+COMPILE_SCOPES = ("model", "blocks")  # train.compile_scope
 
 
 def compile_fn(fn, mode: str = "default"):
@@ -93,6 +99,17 @@ def compile_fn(fn, mode: str = "default"):
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode {mode!r}; valid choices: {list(COMPILE_MODES)}")
     return torch.compile(fn, mode=None if mode == "default" else mode)
+
+
+def compile_model(model: nn.Module, mode: str = "default", scope: str = "model"):
+    """What the training loop calls: `model` compiled whole (scope model), or `model` itself with its blocks and
+    head compiled on their own (scope blocks, GPT.compile_blocks; a model without blocks is compiled whole)."""
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile scope {scope!r}; valid choices: {list(COMPILE_SCOPES)}")
+    if scope == "blocks" and hasattr(model, "compile_blocks"):
+        model.compile_blocks(mode)
+        return model
+    return compile_fn(model, mode)
 
 # what selective checkpointing keeps: matmuls and attention, whose recompute would cost as much as the forward
 _aten = torch.ops.aten
@@ -127,6 +144,7 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     checkpointing = "none"  # AC_MODES; GPT.set_activation_checkpointing sets it
     compiled_forward = None  # full checkpointing of a compiled model: this block's own compiled _forward
+    compiled_step = None  # compile scope blocks: the compiled _step (GPT.compile_blocks)
 
     def __init__(self, mixer: nn.Module, cfg: ModelConfig):
         super().__init__()
@@ -136,12 +154,17 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden) if cfg.mlp_hidden else None
 
     def forward(self, x, ctx: Context = TRAINING):
-        if self.checkpointing == "none" or not torch.is_grad_enabled():
-            return self._forward(x, ctx)
-        # non-reentrant: works under torch.compile, DDP and FSDP2, and with inputs that need no gradient
-        if self.checkpointing == "selective":  # traced by Dynamo, which applies the policy in the compiled graph
+        if self.checkpointing == "full" and torch.is_grad_enabled():
+            return self._full_checkpoint(x, ctx)
+        # decoding (a state) stays eager under compile scope blocks: each step would be a new shape and state
+        return (self.compiled_step if self.compiled_step is not None and ctx.state is None else self._step)(x, ctx)
+
+    def _step(self, x, ctx: Context):
+        if self.checkpointing == "selective" and torch.is_grad_enabled():
+            # non-reentrant: works under torch.compile, DDP and FSDP2, and with inputs that need no gradient;
+            # traced by Dynamo, which applies the policy in the compiled graph
             return checkpoint(self._forward, x, ctx, use_reentrant=False, context_fn=_selective_contexts)
-        return self._full_checkpoint(x, ctx)
+        return self._forward(x, ctx)
 
     @torch.compiler.disable
     def _full_checkpoint(self, x, ctx):
@@ -183,6 +206,8 @@ def with_forms(packed: bool = False) -> str:
 
 
 class GPT(nn.Module):
+    compiled_head = None  # compile scope blocks: the compiled _head
+
     def __init__(self, cfg: ModelConfig, mixers: list[nn.Module], abs_pe: nn.Module | None = None):
         super().__init__()
         self.cfg = cfg
@@ -212,6 +237,15 @@ class GPT(nn.Module):
             block.checkpointing = mode
             full = compile_blocks and mode == "full"
             block.compiled_forward = compile_fn(block._forward, compile_mode) if full else None
+
+    def compile_blocks(self, mode: str = "default") -> None:
+        """Compile scope blocks: each block's step and the head (final norm, logits, loss) compiled on their own, the
+        embedding and the loop over blocks eager. One compilation serves every block (the same code object; the
+        parameters are graph inputs, torch.compile's inlined nn.Modules), so compiling costs about one block's
+        tracing instead of n_layer blocks'."""
+        for block in self.blocks:
+            block.compiled_step = compile_fn(block._step, mode)
+        self.compiled_head = compile_fn(self._head, mode)
 
     def reset_parameters(self):
         std, resid_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer)
@@ -249,6 +283,9 @@ class GPT(nn.Module):
             x = block(x, Context(offset, cu_seqlens, None if cache is None else cache.layers[i], cp_group))
         if cache is not None:
             cache.offset += idx.shape[1]
+        return (self.compiled_head if self.compiled_head is not None and cache is None else self._head)(x, targets)
+
+    def _head(self, x, targets):
         if self.decoder is not None:
             pos = sinusoid_table(torch.arange(x.shape[1], device=x.device), x.shape[-1]).to(x.dtype)
             x = self.decoder(x[:, -1:] + pos)

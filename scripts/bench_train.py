@@ -31,6 +31,7 @@ stay in its disk cache (kernels/__init__.py), so a resumed run on the same machi
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import re
@@ -48,7 +49,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 from duality.common.io import write_atomic  # noqa: E402
 from duality.model import build_model  # noqa: E402
-from duality.model.gpt import compile_fn  # noqa: E402
+from duality.model.gpt import compile_model  # noqa: E402
 from duality.trainer.logger import peak_flops  # noqa: E402
 from duality.trainer.optim import make_optimizer, train_step  # noqa: E402
 
@@ -153,21 +154,22 @@ def compose(overrides):
 
 
 def build(case: str, size: str, seq: int, vocab: int, overrides=(), compiled: bool = False):
-    """(model, optim config, torch.compile mode) of a case, as train.py builds them (--set applies to this repo's
-    models only: FLA's and the reference are compiled in the default mode)."""
+    """(model, optim config, compile: model -> what the loop calls) of a case, as train.py builds them (--set applies
+    to this repo's models only: FLA's and the reference are compiled whole in the default mode)."""
     if case == "ref":
         m = compose([f"model={size}"]).model
-        return NanoGPT(vocab, m.n_layer, m.d_model, m.n_heads, seq), compose([]).optim, "default"
+        return NanoGPT(vocab, m.n_layer, m.d_model, m.n_heads, seq), compose([]).optim, compile_model
     if case in FLA_CASES:
         m = compose([f"model={size}"]).model
-        return FLAPeer(case, m.n_layer, m.d_model, m.n_heads, m.mlp_hidden, seq, vocab), compose([]).optim, "default"
+        return (FLAPeer(case, m.n_layer, m.d_model, m.n_heads, m.mlp_hidden, seq, vocab), compose([]).optim,
+                compile_model)
     cfg = compose([*CASES[case], f"model={size}", f"model.seq_len={seq}", *overrides])
     model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab)
-    # --set train.activation_checkpointing=... / train.compile_mode=...; compiled: as train.py sets it up with
-    # train.compile=true
-    model.set_activation_checkpointing(cfg.train.activation_checkpointing, compile_blocks=compiled,
-                                       compile_mode=cfg.train.compile_mode)
-    return model, cfg.optim, cfg.train.compile_mode
+    # --set train.activation_checkpointing=... / train.compile_mode=... / train.compile_scope=...; compiled: as
+    # train.py sets it up with train.compile=true
+    t = cfg.train
+    model.set_activation_checkpointing(t.activation_checkpointing, compile_blocks=compiled, compile_mode=t.compile_mode)
+    return model, cfg.optim, functools.partial(compile_model, mode=t.compile_mode, scope=t.compile_scope)
 
 
 def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Path | None = None, overrides=(),
@@ -179,11 +181,11 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
-    model, optim_cfg, mode = build(case, model_name, seq, vocab, overrides, compiled)
+    model, optim_cfg, compile_ = build(case, model_name, seq, vocab, overrides, compiled)
     model = model.to(device)
     optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    train_model = compile_fn(model, mode) if compiled else model
+    train_model = compile_(model) if compiled else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
     data = torch.randint(0, vocab, (4, B, seq + 1), device=device)
     times, t_compile = [], time.perf_counter()

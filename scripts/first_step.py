@@ -5,6 +5,7 @@ waits before anything trains.
     python scripts/first_step.py --cases gla+nope gated_deltanet+nope --configs off    # FLA autotuning, as before
     python scripts/first_step.py --out docs/gpu/first_step_h100.json --resume          # add the cases not yet there
     DUALITY_TUNE_OUT=/tmp/t python scripts/first_step.py   # also dump what each case autotuned (tune_kernels --merge)
+    python scripts/first_step.py --set train.compile_scope=blocks   # each block compiled on its own (one compilation)
 
 Each case runs in its own process with empty Triton and Inductor caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR
 in a new temporary folder), so every kernel is compiled (and, without shipped configs, autotuned) as on a new
@@ -28,12 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def child(case: str, size: str, seq: int, compiled: bool):
+def child(case: str, size: str, seq: int, compiled: bool, overrides=()):
     import torch
     from bench_train import measure
 
     import duality.kernels.tuned_configs as tc
-    row = measure(case, size, seq, compiled, steps=2, warmup=1)
+    row = measure(case, size, seq, compiled, steps=2, warmup=1, overrides=overrides)
     row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"],
                seeded_keys=tc.counts["seeded_keys"], device=torch.cuda.get_device_name())
     print("ROW " + json.dumps(row), flush=True)
@@ -51,15 +52,17 @@ def main():
     ap.add_argument("--configs", default=None, help="DUALITY_KERNEL_CONFIGS for the children (off: autotune)")
     ap.add_argument("--out", type=Path, help="JSON file of rows (written after every case)")
     ap.add_argument("--resume", action="store_true", help="skip the cases already in --out")
+    ap.add_argument("--set", nargs="*", default=[], help="Hydra overrides for this repo's cases, e.g. "
+                    "train.compile_scope=blocks")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     size, seq = a.setting.split(":")
     if a.child:
-        return child(a.child, size, int(seq), a.compile == "on")
+        return child(a.child, size, int(seq), a.compile == "on", a.set)
     rows = json.loads(a.out.read_text())["rows"] if a.resume and a.out and a.out.exists() else []
-    done = {(r["case"], r["configs_arg"]) for r in rows}
+    done = {(r["case"], r["configs_arg"], tuple(r.get("overrides", ()))) for r in rows}
     for case in a.cases:
-        if (case, a.configs) in done:
+        if (case, a.configs, tuple(a.set)) in done:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             env = {**os.environ, "TRITON_CACHE_DIR": f"{tmp}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"}
@@ -67,11 +70,11 @@ def main():
                 env["DUALITY_KERNEL_CONFIGS"] = a.configs
             t = time.perf_counter()
             p = subprocess.run([sys.executable, __file__, "--child", case, "--setting", a.setting, "--compile",
-                                a.compile], env=env, capture_output=True, text=True)
+                                a.compile, "--set", *a.set], env=env, capture_output=True, text=True)
             wall = time.perf_counter() - t
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
         row = json.loads(line[0][4:]) if line else {"case": case, "error": (p.stderr or p.stdout)[-2000:]}
-        row.update(process_wall_s=wall, configs_arg=a.configs, date=time.strftime("%Y-%m-%d"))
+        row.update(process_wall_s=wall, configs_arg=a.configs, overrides=a.set, date=time.strftime("%Y-%m-%d"))
         rows.append(row)
         print(f"{case:28s} first step {row.get('first_step_s', float('nan')):7.1f} s | process {wall:6.1f} s | "
               f"{row.get('ms', float('nan')):7.1f} ms/step | configs timed {row.get('configs_timed', '-')}"

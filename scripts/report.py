@@ -32,6 +32,7 @@ THROUGHPUT = [DOCS / "throughput/bench_train_124m.json", DOCS / "throughput/benc
 VS_FLA = [DOCS / f"memory/{n}_370m_4096_h100.json" for n in ("fla_peers", "fused", "split", "profile", "peers_again")]
 FIRST_STEP = DOCS / "gpu/first_step_h100.json"
 FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
+COMPILE_SCOPE = [DOCS / "throughput/compile_scope_cpu_2026-11-27.json"]
 LONGEST = DOCS / "memory/longest_65536_h100_2026-11-25.json"
 MULTI_GPU = DOCS / "multi_gpu/multi_gpu.json"
 FSDP_1_3B = DOCS / "multi_gpu/fsdp2_1_3b_2xh100.json"
@@ -88,6 +89,22 @@ def first_step_table(path: Path | None = None) -> str:
     for r in rec["rows"]:
         lines.append(f"| {r['case']} | {r['first_step_s']:.1f} | {r['configs_timed']} | {r['process_wall_s']:.0f} |")
     return "\n".join(lines) + f"\n\n{short_device(rows_device(rec))}, {rows_date(rec)}; {rec['note']}."
+
+
+def compile_scope_table() -> str:
+    """scripts/compile_scope.py's records: each case's first step and step time, whole against block by block."""
+    lines = ["| case | size, tokens | device | first step, s: whole / blocks | step, ms: whole / blocks | graphs |",
+             "|---|---|---|---:|---:|---:|"]
+    for path in COMPILE_SCOPE:
+        rec = load(path)
+        by = {(r["case"], r["scope"]): r for r in rec["rows"]}
+        for case in dict.fromkeys(r["case"] for r in rec["rows"]):
+            m, b = by[case, "model"], by[case, "blocks"]
+            device = short_device(m["device"]) or m["device"].upper()
+            lines.append(f"| {case} | {m['size']}, {m['batch']} × {m['seq_len']} | {device}, {rec['date']} | "
+                         f"{m['first_step_s']:.1f} / {b['first_step_s']:.1f} | "
+                         f"{m['step_s'] * 1e3:,.0f} / {b['step_s'] * 1e3:,.0f} | {m['graphs']} / {b['graphs']} |")
+    return "\n".join(lines)
 
 
 def rows_device(rec: dict) -> str:
@@ -299,7 +316,8 @@ def verdicts_table() -> str:
 BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": throughput_table,
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table,
-          "first_step_h200": lambda: first_step_table(FIRST_STEP_H200), "longest": longest_table,
+          "first_step_h200": lambda: first_step_table(FIRST_STEP_H200), "compile_scope": compile_scope_table,
+          "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
           "official_ab_fits": official_ab_fits_table, "official_ab_copying": official_ab_copying_table,
           "official_ab_copying_steps": official_ab_copying_steps_table, "dcp": dcp_table,

@@ -109,11 +109,37 @@ def test_activation_checkpointing_reaches_the_cases():
     assert {b.checkpointing for b in model.blocks} == {"full"}
 
 
-def test_compile_mode_reaches_this_repos_cases_only():
-    _, _, mode = bench_train.build("gla+nope", "tiny", 32, 128, ["train.compile_mode=max-autotune-no-cudagraphs"])
-    assert mode == "max-autotune-no-cudagraphs"
-    assert bench_train.build("ref", "tiny", 32, 128)[2] == "default"
-    assert bench_train.build("gla+nope", "tiny", 32, 128)[2] == "default"
+def test_compile_mode_and_scope_reach_this_repos_cases_only(monkeypatch):
+    """--set train.compile_mode / train.compile_scope: how build's compile function compiles this repo's models;
+    the reference is compiled whole in the default mode."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: calls.append(mode) or fn)
+    sets = ["train.compile_mode=max-autotune-no-cudagraphs", "train.compile_scope=blocks"]
+    model, _, compile_ = bench_train.build("gla+nope", "tiny", 32, 128, sets)
+    assert compile_(model) is model and calls == ["max-autotune-no-cudagraphs"] * (len(model.blocks) + 1)
+    calls.clear()
+    ref, _, compile_ = bench_train.build("ref", "tiny", 32, 128)
+    compile_(ref)
+    model, _, compile_ = bench_train.build("gla+nope", "tiny", 32, 128)
+    compile_(model)
+    assert calls == [None, None] and model.compiled_head is None
+
+
+@pytest.mark.slow
+def test_compile_scope_script_compares_equal_steps(monkeypatch):
+    """scripts/compile_scope.py's child on the CPU (aot_eager backend): the same first loss in both scopes, one graph
+    for the whole model, two (one block for all, the head) block by block."""
+    import compile_scope
+    from torch._dynamo.utils import counters
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend="aot_eager", **kw))
+    rows = {}
+    for scope in ("model", "blocks"):
+        torch._dynamo.reset()
+        counters.clear()
+        rows[scope] = compile_scope.child("gla+nope", "tiny", 32, 2, 1, scope)
+    assert rows["model"]["loss"] == rows["blocks"]["loss"]
+    assert (rows["model"]["graphs"], rows["blocks"]["graphs"]) == (1, 2)
 
 
 def test_vs_fla_table_from_runs_and_call_records(tmp_path):

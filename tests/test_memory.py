@@ -13,7 +13,7 @@ from conftest import compose, metrics_rows, tiny_overrides
 from duality import train as train_lib
 from duality.common.errors import ConfigError, NonFinite
 from duality.model import build_model
-from duality.model.gpt import AC_MODES
+from duality.model.gpt import AC_MODES, compile_model
 from duality.model.mixers import REGISTRY as MIXERS
 from duality.trainer.guard import first_nonfinite_output, nonfinite_gradients
 from duality.trainer.objective import Objective
@@ -105,11 +105,43 @@ def test_activation_checkpointing_under_torch_compile():
             torch.testing.assert_close(got[n], ref[n], rtol=1e-12, atol=1e-12, msg=f"{mode}: {n}")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", AC_MODES)
+def test_compile_scope_blocks_traces_one_block_for_all(mode, monkeypatch):
+    """train.compile_scope=blocks: each block and the head compiled on their own (aot_eager backend), under each
+    checkpointing mode. The three blocks share one graph, the head has another; the gradients are the eager plain
+    model's, and decoding through the cache stays eager (no new graph, the same tokens)."""
+    from torch._dynamo.utils import counters
+    idx = torch.randint(0, V, (2, T))
+    plain = _make("gla", "none")
+    loss, ref = _grads(plain, idx)
+    torch._dynamo.reset()
+    counters.clear()
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend="aot_eager", **kw))
+    m = _make("gla", mode)
+    m.set_activation_checkpointing(mode, compile_blocks=True)  # as train.py: full compiles each block's forward
+    run = compile_model(m, scope="blocks")
+    assert run is m and all(b.compiled_step is not None for b in m.blocks) and m.compiled_head is not None
+    got_loss, got = _grads(m, idx, run)
+    torch.testing.assert_close(got_loss, loss, rtol=1e-12, atol=1e-12)
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], rtol=1e-12, atol=1e-12, msg=f"{mode}: {n}")
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # one for 3 blocks, one for the head
+    graphs = counters["stats"]["unique_graphs"]
+    want = plain.generate(idx[:, :5], 4, temperature=0)
+    assert torch.equal(m.generate(idx[:, :5], 4, temperature=0), want)
+    assert counters["stats"]["unique_graphs"] == graphs  # with a cache, blocks and head run eagerly
+    with pytest.raises(ValueError, match=r"valid choices: \['model', 'blocks'\]"):
+        compile_model(m, scope="layers")
+
+
 def test_bad_modes_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"valid choices: \['none', 'full', 'selective'\]"):
         _make("transformer", "some")
     for key, bad, match in (("activation_checkpointing", "half", r"\['none', 'full', 'selective'\]"),
-                            ("nonfinite", "ignore", r"\['stop', 'skip'\]")):
+                            ("nonfinite", "ignore", r"\['stop', 'skip'\]"),
+                            ("compile_scope", "layers", r"\['model', 'blocks'\]")):
         with pytest.raises(ConfigError, match=f"train.{key}='{bad}'; valid choices: {match}"):
             train_lib.run(compose([f"out_dir={tmp_path}", f"train.{key}={bad}"]))
 

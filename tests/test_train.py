@@ -97,10 +97,11 @@ def test_bf16_weights_with_a_beta2_bf16_cannot_decay_is_warned_about(capsys):
     assert torch.equal(v * 0.999, v) and not torch.equal(v * 0.99, v)  # the rule the warning applies
 
 
-@pytest.mark.parametrize("ac", ["none", "full"])
-def test_compile_mode_reaches_torch_compile(tmp_path, data_cache, monkeypatch, ac):
-    """train.compile_mode is the mode of every torch.compile call train.py makes (the model's, and each block's
-    under full checkpointing); the spy compiles nothing, the run trains eagerly."""
+@pytest.mark.parametrize("ac,scope", [("none", "model"), ("full", "model"), ("none", "blocks"), ("full", "blocks")])
+def test_compile_mode_reaches_torch_compile(tmp_path, data_cache, monkeypatch, ac, scope):
+    """train.compile_mode is the mode of every torch.compile call train.py makes: the model's (scope model), or each
+    block's step and the head's (scope blocks), and each block's forward under full checkpointing; the spy compiles
+    nothing, the run trains eagerly."""
     modes = []
 
     def spy(fn, mode=None, **kw):
@@ -109,9 +110,10 @@ def test_compile_mode_reaches_torch_compile(tmp_path, data_cache, monkeypatch, a
     monkeypatch.setattr(torch, "compile", spy)
     train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=2", "train.compile=true",
                                          "train.compile_mode=max-autotune-no-cudagraphs",
-                                         f"train.activation_checkpointing={ac}")))
-    n_blocks = 2 if ac == "full" else 0  # tiny_overrides' model.n_layer
-    assert modes == ["max-autotune-no-cudagraphs"] * (n_blocks + 1)
+                                         f"train.activation_checkpointing={ac}", f"train.compile_scope={scope}")))
+    n_layer = 2  # tiny_overrides'
+    n = (n_layer if ac == "full" else 0) + (n_layer + 1 if scope == "blocks" else 1)
+    assert modes == ["max-autotune-no-cudagraphs"] * n
 
 
 @pytest.mark.parametrize("backbone", options("backbone"))

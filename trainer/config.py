@@ -13,7 +13,7 @@ import torch
 from duality.common.errors import ConfigError
 from duality.data.tasks import is_task
 from duality.model import check_model_config
-from duality.model.gpt import AC_MODES, COMPILE_MODES
+from duality.model.gpt import AC_MODES, COMPILE_MODES, COMPILE_SCOPES
 
 from .checkpoint import FORMATS as CHECKPOINT_FORMATS
 from .guard import MODES as NONFINITE
@@ -196,6 +196,8 @@ def check_config(cfg, world: int = 1) -> dict:
                           f"{list(AC_MODES)}")
     if t.get("compile_mode", "default") not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode={t.compile_mode!r}; valid choices: {list(COMPILE_MODES)}")
+    if t.get("compile_scope", "model") not in COMPILE_SCOPES:
+        raise ConfigError(f"train.compile_scope={t.compile_scope!r}; valid choices: {list(COMPILE_SCOPES)}")
     if t.get("strategy", "ddp") not in STRATEGIES:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("fsdp_reshard", "auto") not in ("auto", True, False):

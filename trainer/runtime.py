@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from duality.common.errors import ConfigError
 
-from duality.model.gpt import compile_fn
+from duality.model.gpt import compile_model
 
 
 def training_backends():
@@ -130,10 +130,10 @@ class Runtime:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
         return fully_shard(model, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
 
-    def wrap(self, model, compile: bool, mode: str = "default"):
-        """The module the loop calls: compiled (torch.compile's `mode`) if asked, then DDP (FSDP has sharded the model
-        in place)."""
-        train_model = compile_fn(model, mode) if compile else model
+    def wrap(self, model, compile: bool, mode: str = "default", scope: str = "model"):
+        """The module the loop calls: compiled (torch.compile's `mode`, whole or block by block: compile_model) if
+        asked, then DDP (FSDP has sharded the model in place)."""
+        train_model = compile_model(model, mode, scope) if compile else model
         if self.fsdp:
             self.no_sync = lambda: _fsdp_no_sync(model, keep_gathered=not self.fsdp_reshard)
         elif self.distributed:
