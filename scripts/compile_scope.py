@@ -54,7 +54,7 @@ def child(case: str, size: str, seq: int, batch: int, steps: int, scope: str) ->
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-        loss0 = float(loss) if loss0 is None else loss0
+        loss0 = float(loss.detach()) if loss0 is None else loss0
     return dict(case=case, scope=scope, size=size, seq_len=seq, batch=batch, first_step_s=times[0],
                 step_s=statistics.median(times[1:]), loss=loss0, graphs=counters["stats"]["unique_graphs"],
                 device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__)
