@@ -9,6 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import compose
+
+from duality.model import ConfigError, build_model
+from duality.model.pe import REGISTRY as SCHEMES
 
 # (backbone with options, scheme, ranks): each family's context-parallel form, kernels/recurrences/cp.py (GLA,
 # RetNet, linear attention, the delta rule, short convolutions) and kernels/attention/cp.py (softmax with RoPE, ALiBi
@@ -113,6 +117,25 @@ def test_a_model_on_split_packed_documents_equals_the_whole(tmp_path, backbone, 
     """Packed documents (train.doc_boundaries) split over ranks: the same loss and gradients as the whole row with
     its boundaries (each document kept to itself, positions from each document's start)."""
     split_equals_whole(tmp_path, backbone, pe, world, packed=True)
+
+
+@pytest.mark.parametrize("pe", sorted(SCHEMES))
+def test_score_bias_says_whether_a_scheme_scores_with_a_bias(pe):
+    """Under context parallelism softmax attention asks a scheme with score_bias for its bias only once the keys
+    are gathered (model/mixers/attention.py): the flag must be what scores() gives."""
+    cfg = compose(["backbone=transformer", f"pe={pe}", "model.n_layer=1", "model.d_model=32", "model.n_heads=2",
+                   "model.seq_len=16"])
+    try:
+        m = build_model(cfg.backbone, cfg.pe, cfg.model, 64)
+    except ConfigError:
+        pytest.skip(f"pe={pe} does not go with the transformer")
+    scheme = m.blocks[0].mixer.pe
+    if scheme is None:
+        assert not SCHEMES[pe].score_bias
+        return
+    q, k = torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 16)
+    assert ("bias" in scheme.scores(q, k)) is scheme.score_bias, pe
+    assert scheme.score_bias is (pe in ("t5", "xl"))
 
 
 def test_a_model_without_a_context_parallel_form_is_refused():

@@ -46,10 +46,11 @@ class SoftmaxAttention(Mixer):
             if state.k is not None:
                 k, v = torch.cat([state.k, k], 1), torch.cat([state.v, v], 1)
             state.k, state.v = k, v
-        scores = self.scores(q, k, ctx)
-        if ctx.cp_group is not None and "bias" in scores:
+        if ctx.cp_group is not None and self.pe is not None and self.pe.score_bias:
             # T5's and Transformer-XL's bias spans every key up to this slice: asked for once they are gathered
             scores = {"bias_for": lambda keys: self.scores(q, keys, ctx)["bias"]}
+        else:
+            scores = self.scores(q, k, ctx)
         o = attention(q, k, v, ctx, **scores)
         return self.o_proj(self.rotate_output(o, ctx).reshape(B, T, self.d_model))
 

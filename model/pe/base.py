@@ -48,6 +48,7 @@ class PositionalScheme(nn.Module):
     name: str = "?"
     packable: bool = True
     context_parallel: bool = False  # right on a slice of the sequence that starts at ctx.offset
+    score_bias: bool = False  # scores() gives an additive "bias" over (query, key) pairs (T5, Transformer-XL)
     max_positions: int | None = None  # positions it can represent (None: any)
 
     def __init__(self, dims: Dims):

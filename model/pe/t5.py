@@ -25,6 +25,7 @@ class T5Bias(PositionalScheme):
     kind = "score"
     packable = False
     context_parallel = True  # the bias against the gathered keys (kernels/attention/cp.py: bias_for)
+    score_bias = True
 
     def __init__(self, dims, *, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)

@@ -21,6 +21,7 @@ class TransformerXL(PositionalScheme):
     kind = "score"
     packable = False
     context_parallel = True  # the bias against the gathered keys (kernels/attention/cp.py: bias_for)
+    score_bias = True
 
     def __init__(self, dims, *, base: float = 10000.0):
         super().__init__(dims)
