@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -61,6 +58,7 @@ def child(case: str, size: str, seq: int, batch: int, steps: int, scope: str) ->
 
 
 def main():
+    from first_step import fresh_process
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", nargs="+", default=["transformer+rope", "gla+nope"])
     ap.add_argument("--size", default="124m")
@@ -76,16 +74,11 @@ def main():
     rows = []
     for case in a.case:
         for scope in ("model", "blocks"):
-            with tempfile.TemporaryDirectory() as tmp:
-                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton"}
-                p = subprocess.run([sys.executable, __file__, "--child", case, scope, "--size", a.size, "--seq",
-                                    str(a.seq), "--batch", str(a.batch), "--steps", str(a.steps)], env=env,
-                                   capture_output=True, text=True)
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
-            if not line:
-                sys.exit(f"{case} {scope} failed:\n{p.stderr[-3000:]}")
-            rows.append(json.loads(line[0][4:]))
-            r = rows[-1]
+            r, log, _ = fresh_process([__file__, "--child", case, scope, "--size", a.size, "--seq", str(a.seq),
+                                       "--batch", str(a.batch), "--steps", str(a.steps)])
+            if r is None:
+                sys.exit(f"{case} {scope} failed:\n{log}")
+            rows.append(r)
             print(f"{case:20s} {scope:6s} first step {r['first_step_s']:7.1f} s | step {r['step_s'] * 1e3:8.1f} ms | "
                   f"loss {r['loss']:.6f} | {r['graphs']} graphs", flush=True)
     if a.out:

@@ -41,6 +41,19 @@ def child(case: str, size: str, seq: int, compiled: bool, overrides=()):
     tc.dump_requested(case.replace("+", "_"))  # what this case autotuned, for `tune_kernels.py --merge`
 
 
+def fresh_process(argv: list[str], env: dict | None = None) -> tuple[dict | None, str, float]:
+    """`python argv...` with empty Triton and Inductor caches (a new temporary folder) and `env` added: (the dict
+    of the `ROW {json}` line it printed, or None; the tail of its stderr, else stdout; its wall time in s)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "TRITON_CACHE_DIR": f"{tmp}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+               **(env or {})}
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
+    return (json.loads(line[0][4:]) if line else None), (p.stderr or p.stdout)[-3000:], wall
+
+
 def main():
     from bench_train import CASES
 
@@ -64,16 +77,10 @@ def main():
     for case in a.cases:
         if (case, a.configs, tuple(a.set)) in done:
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "TRITON_CACHE_DIR": f"{tmp}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"}
-            if a.configs is not None:
-                env["DUALITY_KERNEL_CONFIGS"] = a.configs
-            t = time.perf_counter()
-            p = subprocess.run([sys.executable, __file__, "--child", case, "--setting", a.setting, "--compile",
-                                a.compile, "--set", *a.set], env=env, capture_output=True, text=True)
-            wall = time.perf_counter() - t
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
-        row = json.loads(line[0][4:]) if line else {"case": case, "error": (p.stderr or p.stdout)[-2000:]}
+        row, log, wall = fresh_process([__file__, "--child", case, "--setting", a.setting, "--compile", a.compile,
+                                        "--set", *a.set],
+                                       {"DUALITY_KERNEL_CONFIGS": a.configs} if a.configs is not None else None)
+        row = row or {"case": case, "error": log[-2000:]}
         row.update(process_wall_s=wall, configs_arg=a.configs, overrides=a.set, date=time.strftime("%Y-%m-%d"))
         rows.append(row)
         print(f"{case:28s} first step {row.get('first_step_s', float('nan')):7.1f} s | process {wall:6.1f} s | "
