@@ -7,6 +7,7 @@ choices: an unknown backbone or scheme, a scheme the backbone cannot use, an unk
 from __future__ import annotations
 
 from duality.common.errors import ConfigError
+from duality.kernels.linear_ce import IMPLS as LOSS_IMPLS
 
 from .core.context import Dims
 from .core.options import defaults, register_schemas
@@ -89,6 +90,9 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
     if model.get("sparse_loss") and not model.get("fused_loss"):
         raise ConfigError("model.sparse_loss=true computes the chunked loss at the scored positions only: it needs "
                           "model.fused_loss=true")
+    impl = model.get("fused_loss_impl", "auto")
+    if impl not in LOSS_IMPLS[:3]:
+        raise ConfigError(f"model.fused_loss_impl={impl!r}; valid choices: {list(LOSS_IMPLS[:3])}")
     pattern = model.get("layer_mixers")
     if pattern is not None:
         bad = [m for m in pattern if m != "backbone" and m not in MIXERS]

@@ -76,6 +76,10 @@ class ModelConfig:
     # loss by chunks of tokens, never holding the [B, T, V] logits (kernels/linear_ce/): 20% less peak memory for
     # the 124m model at 32 x 1024 tokens, 3% slower under torch.compile on an H100 (docs/throughput)
     fused_loss: bool = False
+    # how each chunk's loss and logit gradient are formed: auto (the Triton kernel on CUDA, else chunked) | triton
+    # (kernels/linear_ce/kernel.py: the logits read twice, written once, in bf16) | chunked (PyTorch; under compile,
+    # Inductor's fusion, which made fp32 copies of the chunk)
+    fused_loss_impl: str = "auto"
     # with fused_loss, the loss only over the positions that have a target (not -1): the same loss and gradients,
     # without the head's matmuls and logits at the rest (MQAR scores 1 position in 16: 1/16 of the head's work and
     # of the loss's logit chunk). Costs one host sync a step (the count of scored positions), so it applies eager
@@ -101,7 +105,7 @@ def compile_fn(fn, mode: str = "default"):
     return torch.compile(fn, mode=None if mode == "default" else mode)
 
 
-def compile_model(model: nn.Module, mode: str = "default", scope: str = "model"):
+def compile_model(model: nn.Module, mode: str = "default", scope: str = "blocks"):
     """What the training loop calls: `model` compiled whole (scope model), or `model` itself with its blocks and
     head compiled on their own (scope blocks, GPT.compile_blocks; a model without blocks is compiled whole)."""
     if scope not in COMPILE_SCOPES:
@@ -295,7 +299,7 @@ class GPT(nn.Module):
             if self.cfg.sparse_loss and not torch.compiler.is_compiling():
                 scored = (targets != -1).nonzero().squeeze(1)  # backward of h[scored] gives the rest zero gradient
                 h, targets = h[scored], targets[scored]
-            return None, linear_cross_entropy(h, self.lm_head.weight, targets, -1)
+            return None, linear_cross_entropy(h, self.lm_head.weight, targets, -1, self.cfg.fused_loss_impl)
         logits = self.lm_head(h)
         loss = None
         if targets is not None:

@@ -5,7 +5,7 @@ waits before anything trains.
     python scripts/first_step.py --cases gla+nope gated_deltanet+nope --configs off    # FLA autotuning, as before
     python scripts/first_step.py --out docs/gpu/first_step_h100.json --resume          # add the cases not yet there
     DUALITY_TUNE_OUT=/tmp/t python scripts/first_step.py   # also dump what each case autotuned (tune_kernels --merge)
-    python scripts/first_step.py --set train.compile_scope=blocks   # each block compiled on its own (one compilation)
+    python scripts/first_step.py --set train.compile_scope=model    # the whole model one graph (default: by block)
 
 Each case runs in its own process with empty Triton and Inductor caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR
 in a new temporary folder), so every kernel is compiled (and, without shipped configs, autotuned) as on a new
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--out", type=Path, help="JSON file of rows (written after every case)")
     ap.add_argument("--resume", action="store_true", help="skip the cases already in --out")
     ap.add_argument("--set", nargs="*", default=[], help="Hydra overrides for this repo's cases, e.g. "
-                    "train.compile_scope=blocks")
+                    "train.compile_scope=model")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     size, seq = a.setting.split(":")

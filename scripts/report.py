@@ -32,7 +32,11 @@ THROUGHPUT = [DOCS / "throughput/bench_train_124m.json", DOCS / "throughput/benc
 VS_FLA = [DOCS / f"memory/{n}_370m_4096_h100.json" for n in ("fla_peers", "fused", "split", "profile", "peers_again")]
 FIRST_STEP = DOCS / "gpu/first_step_h100.json"
 FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
-COMPILE_SCOPE = [DOCS / "throughput/compile_scope_cpu_2026-11-27.json"]
+FIRST_STEP_BLOCKS = DOCS / "gpu/first_step_h100_blocks_2026-11-27.json"
+LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
+LM_EVAL_BENCH = [DOCS / "eval/lm_eval_bench_h200_2026-11-26.json", DOCS / "eval/lm_eval_bench_h100_2026-11-27.json"]
+COMPILE_SCOPE = [DOCS / "throughput/compile_scope_h100_2026-11-27.json",
+                 DOCS / "throughput/compile_scope_cpu_2026-11-27.json"]
 LONGEST = DOCS / "memory/longest_65536_h100_2026-11-25.json"
 MULTI_GPU = DOCS / "multi_gpu/multi_gpu.json"
 FSDP_1_3B = DOCS / "multi_gpu/fsdp2_1_3b_2xh100.json"
@@ -93,8 +97,8 @@ def first_step_table(path: Path | None = None) -> str:
 
 def compile_scope_table() -> str:
     """scripts/compile_scope.py's records: each case's first step and step time, whole against block by block."""
-    lines = ["| case | size, tokens | device | first step, s: whole / blocks | step, ms: whole / blocks | graphs |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = ["| case | size, tokens | device | first step, s: whole / blocks | step, ms: whole / blocks | "
+             "peak GiB: whole / blocks | graphs |", "|---|---|---|---:|---:|---:|---:|"]
     for path in COMPILE_SCOPE:
         rec = load(path)
         by = {(r["case"], r["scope"]): r for r in rec["rows"]}
@@ -103,7 +107,49 @@ def compile_scope_table() -> str:
             device = short_device(m["device"]) or m["device"].upper()
             lines.append(f"| {case} | {m['size']}, {m['batch']} × {m['seq_len']} | {device}, {rec['date']} | "
                          f"{m['first_step_s']:.1f} / {b['first_step_s']:.1f} | "
-                         f"{m['step_s'] * 1e3:,.0f} / {b['step_s'] * 1e3:,.0f} | {m['graphs']} / {b['graphs']} |")
+                         f"{m['step_s'] * 1e3:,.1f} / {b['step_s'] * 1e3:,.1f} | "
+                         f"{_pair(m, b, 'peak_mem_gib', '.1f')} | "
+                         f"{_pair(m, b, 'graphs', 'd')} |")
+    return "\n".join(lines)
+
+
+def _pair(a: dict, b: dict, key: str, fmt: str) -> str:
+    """a[key] / b[key], or – where a record did not measure it (graphs on a GPU, memory on a CPU)."""
+    return " / ".join("–" if r.get(key) is None else format(r[key], fmt) for r in (a, b))
+
+
+def loss_kernel_table() -> str:
+    """scripts/bench_loss.py (the loss alone, each way) and bench_train's steps with either model.fused_loss_impl."""
+    rec = load(LOSS_KERNEL)
+    lines = ["| shape | way | ms, forward + backward | peak GiB over the inputs |", "|---|---|---:|---:|"]
+    for part in rec["loss"]:
+        for r in part["rows"]:
+            lines.append(f"| {part['shape']} | {r['way']} | {r['ms']:.2f} | {r['peak_gib']:.2f} |")
+    lines += ["", "| case (370m/4096, compiled) | ms a step: chunked / triton | peak GiB: chunked / triton |",
+              "|---|---:|---:|"]
+    by = {(r["case"], r["impl"]): r for r in rec["steps"]}
+    for case in dict.fromkeys(r["case"] for r in rec["steps"]):
+        c, t = by[case, "chunked"], by[case, "triton"]
+        lines.append(f"| {case} | {c['ms']:.1f} / {t['ms']:.1f} | {c['peak_mem_gib']:.1f} / {t['peak_mem_gib']:.1f} |")
+    cmds = "; ".join(f"`{c}`" for c in [p["command"] for p in rec["loss"]] + rec["step_commands"])
+    return "\n".join(lines) + f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}: {cmds}."
+
+
+def lm_eval_bench_table() -> str:
+    """bench_lm_eval.py beside the old adapter's bench, two rounds a record: requests/s of the three scorers."""
+    lines = ["| device, date | model | batch | loglikelihood req/s: HFLM / batched / adapter (two rounds) | "
+             "batched / adapter |", "|---|---|---|---|---:|"]
+    for path in LM_EVAL_BENCH:
+        rec = load(path)
+        by: dict = {}
+        for r in rec["rows"]:
+            by.setdefault((r["model"], r["batch"]), []).append(r)
+        for (model, batch), rs in by.items():
+            rounds = " and ".join(f"{r['hflm_req_s']:,.0f} / {r['batched_req_s']:,.0f} / {r['adapter_req_s']:,.0f}"
+                                  for r in rs)
+            ratios = [r["batched_req_s"] / r["adapter_req_s"] for r in rs]
+            lines.append(f"| {short_device(rec['device'])}, {rec['date']} | {model} | {batch} | {rounds} | "
+                         f"{min(ratios):.2f}–{max(ratios):.2f} |")
     return "\n".join(lines)
 
 
@@ -318,6 +364,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table,
           "first_step_h200": lambda: first_step_table(FIRST_STEP_H200), "compile_scope": compile_scope_table,
+          "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS), "loss_kernel": loss_kernel_table,
+          "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
           "official_ab_fits": official_ab_fits_table, "official_ab_copying": official_ab_copying_table,

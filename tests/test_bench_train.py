@@ -110,17 +110,17 @@ def test_activation_checkpointing_reaches_the_cases():
 
 
 def test_compile_mode_and_scope_reach_this_repos_cases_only(monkeypatch):
-    """--set train.compile_mode / train.compile_scope: how build's compile function compiles this repo's models;
-    the reference is compiled whole in the default mode."""
+    """--set train.compile_mode / train.compile_scope: how build's compile function compiles this repo's models
+    (block by block unless scope model is set); the reference is compiled whole in the default mode."""
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: calls.append(mode) or fn)
-    sets = ["train.compile_mode=max-autotune-no-cudagraphs", "train.compile_scope=blocks"]
-    model, _, compile_ = bench_train.build("gla+nope", "tiny", 32, 128, sets)
-    assert compile_(model) is model and calls == ["max-autotune-no-cudagraphs"] * (len(model.blocks) + 1)
+    mode = "max-autotune-no-cudagraphs"
+    model, _, compile_ = bench_train.build("gla+nope", "tiny", 32, 128, [f"train.compile_mode={mode}"])
+    assert compile_(model) is model and calls == [mode] * (len(model.blocks) + 1)
     calls.clear()
     ref, _, compile_ = bench_train.build("ref", "tiny", 32, 128)
     compile_(ref)
-    model, _, compile_ = bench_train.build("gla+nope", "tiny", 32, 128)
+    model, _, compile_ = bench_train.build("gla+nope", "tiny", 32, 128, ["train.compile_scope=model"])
     compile_(model)
     assert calls == [None, None] and model.compiled_head is None
 

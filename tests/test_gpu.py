@@ -305,3 +305,32 @@ def test_gated_output_fla_kernel_matches_the_function(dtype):
     assert _rel(y_fla, y_fn) < tol
     for a, b in zip(torch.autograd.grad(y_fla, inputs, dy), torch.autograd.grad(y_fn, inputs, dy)):
         assert _rel(a, b) < tol, _rel(a, b)
+
+
+@pytest.mark.parametrize("vocab", [32000, 50304, 1000])
+def test_loss_kernel_bf16_against_the_plain_logits(vocab):
+    """The fused loss by its Triton kernel (model.fused_loss_impl=triton, the CUDA default) against F.cross_entropy
+    of the fp32 logits, under bf16 autocast with fp32 weights, several chunks (the last ragged), some positions
+    ignored: loss to 1e-4, gradients to 1e-2 (the kernel's logit gradient is rounded to bf16, as the chunked path's)."""
+    import torch.nn.functional as F
+
+    import duality.kernels.linear_ce.chunked as lce
+    from duality.kernels.linear_ce import linear_cross_entropy
+    torch.manual_seed(0)
+    h = torch.randn(3000, 256, device="cuda").bfloat16().requires_grad_()
+    w = (0.05 * torch.randn(vocab, 256, device="cuda")).requires_grad_()
+    y = torch.randint(0, vocab, (3000,), device="cuda")
+    y[::7] = -1
+    old, lce.CHUNK_ELEMENTS = lce.CHUNK_ELEMENTS, vocab * 1024
+    try:
+        out = {}
+        for name, fn in (("triton", lambda: linear_cross_entropy(h, w, y, impl="triton")),
+                         ("plain", lambda: F.cross_entropy(F.linear(h, w).float(), y, ignore_index=-1))):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fn()
+            out[name] = (loss.detach(), *torch.autograd.grad(loss, (h, w)))
+    finally:
+        lce.CHUNK_ELEMENTS = old
+    assert abs(out["triton"][0].item() / out["plain"][0].item() - 1) < 1e-4
+    for a, b in zip(out["triton"][1:], out["plain"][1:]):
+        assert _rel(a, b) < 1e-2, _rel(a, b)

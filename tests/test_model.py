@@ -299,7 +299,8 @@ def test_layer_mixers_build_zoologys_hybrid():
     assert not torch.allclose(m(x)[0], m(x)[0])  # dropout draws differ
     for bad, match in (({"layer_mixers": ["base_conv", "mlp"]}, r"\['mlp'\] not valid.*'base_conv'"),
                        ({"layer_mixers": []}, "empty"), ({"norm": "batch"}, r"valid choices: \['layer', 'rms'\]"),
-                       ({"embed_dropout": 1.0}, r"\[0, 1\)")):
+                       ({"embed_dropout": 1.0}, r"\[0, 1\)"),
+                       ({"fused_loss_impl": "liger"}, r"valid choices: \['auto', 'triton', 'chunked'\]")):
         with pytest.raises(ConfigError, match=match):
             build_model({"name": "gla"}, {"name": "rope"}, {**SIZE, **bad}, V)
 

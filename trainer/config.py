@@ -196,7 +196,7 @@ def check_config(cfg, world: int = 1) -> dict:
                           f"{list(AC_MODES)}")
     if t.get("compile_mode", "default") not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode={t.compile_mode!r}; valid choices: {list(COMPILE_MODES)}")
-    if t.get("compile_scope", "model") not in COMPILE_SCOPES:
+    if t.get("compile_scope", "blocks") not in COMPILE_SCOPES:
         raise ConfigError(f"train.compile_scope={t.compile_scope!r}; valid choices: {list(COMPILE_SCOPES)}")
     if t.get("strategy", "ddp") not in STRATEGIES:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")

@@ -130,7 +130,7 @@ class Runtime:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
         return fully_shard(model, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
 
-    def wrap(self, model, compile: bool, mode: str = "default", scope: str = "model"):
+    def wrap(self, model, compile: bool, mode: str = "default", scope: str = "blocks"):
         """The module the loop calls: compiled (torch.compile's `mode`, whole or block by block: compile_model) if
         asked, then DDP (FSDP has sharded the model in place)."""
         train_model = compile_model(model, mode, scope) if compile else model

@@ -8,7 +8,8 @@ tokens go through in chunks: each chunk's logits exist only while its loss and i
 during the forward pass, and backward scales the stored gradients by the incoming scalar. Same matmuls as the plain
 path (one forward, two backward), so no extra FLOPs; the extra memory is one chunk of logits.
 
-    reference.py   all logits at once        chunked.py   the chunked forward/backward (plain PyTorch matmuls)
+    reference.py   all logits at once        chunked.py   the chunked forward/backward (cuBLAS matmuls)
+    kernel.py      one chunk's loss and logit gradient in one Triton kernel, over the logits in place (CUDA default)
 """
 
 from __future__ import annotations
@@ -16,27 +17,47 @@ from __future__ import annotations
 import torch
 
 from .chunked import CHUNK_ELEMENTS, _LinearCrossEntropy, _loss_and_grad
+from .kernel import triton
 from .reference import linear_cross_entropy_reference
 
-__all__ = ["CHUNK_ELEMENTS", "linear_cross_entropy", "linear_cross_entropy_reference"]
+__all__ = ["CHUNK_ELEMENTS", "IMPLS", "linear_cross_entropy", "linear_cross_entropy_reference"]
+
+IMPLS = ("auto", "triton", "chunked", "torch")  # model.fused_loss_impl takes the first three
+
+
+# Outside Dynamo: a compiled model calls the kernel's path between two graphs (as it calls FLA's kernels); its
+# matmuls are cuBLAS's either way, and the kernel is what Inductor's fusion of the chunked path would be
+@torch.compiler.disable
+def _with_kernel(h, weight, targets, ignore_index, grad: bool):
+    if grad:
+        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, True)
+    return _loss_and_grad(h, weight, targets, ignore_index, with_grad=False, kernel=True)[0]
 
 
 def linear_cross_entropy(h, weight, targets, ignore_index: int = -1, impl: str | None = None):
     """Mean cross-entropy of h [N, d] @ weight [V, d]^T against targets [N] (ignore_index skipped).
     Under autocast the matmuls run in the autocast dtype, as a plain nn.Linear would; the loss is fp32.
-    impl: None or "chunked" (the chunked path), "torch" (the reference)."""
+    impl: "chunked" (each chunk's loss in PyTorch), "triton" (by kernel.py's kernel), "torch" (the reference), or
+    None / "auto": the kernel on CUDA, the chunked path elsewhere."""
     if h.dim() != 2 or weight.dim() != 2 or h.shape[1] != weight.shape[1] or targets.shape != h.shape[:1]:
         raise ValueError(f"linear_cross_entropy: h [N, d], weight [V, d], targets [N]; got {tuple(h.shape)}, "
                          f"{tuple(weight.shape)}, {tuple(targets.shape)}")
     if impl == "torch":
         return linear_cross_entropy_reference(h, weight, targets, ignore_index)
-    if impl not in (None, "chunked"):
-        raise ValueError(f"linear_cross_entropy: impl must be None, 'chunked' or 'torch', got {impl!r}")
+    if impl not in (None, *IMPLS):
+        raise ValueError(f"linear_cross_entropy: impl must be one of {list(IMPLS)} or None, got {impl!r}")
+    if impl in (None, "auto"):
+        impl = "triton" if h.is_cuda and triton is not None else "chunked"
+    if impl == "triton" and triton is None:
+        raise ValueError("linear_cross_entropy: impl='triton' needs the triton package; impl='chunked' runs without")
     dev = h.device.type
     autocast = torch.is_autocast_enabled(dev)
     dtype = torch.get_autocast_dtype(dev) if autocast else torch.promote_types(h.dtype, weight.dtype)
     h = h.to(dtype)  # the cast carries dL/dh back to the caller's dtype
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     with torch.autocast(dev, enabled=False):
-        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        if impl == "triton":
+            return _with_kernel(h, weight, targets, ignore_index, grad)
+        if grad:
             return _LinearCrossEntropy.apply(h, weight, targets, ignore_index)
         return _loss_and_grad(h, weight, targets, ignore_index, with_grad=False)[0]

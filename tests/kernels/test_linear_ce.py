@@ -1,10 +1,14 @@
-"""Fused linear + cross-entropy (kernels/linear_ce/) against the plain formula, and the GPT's loss through it."""
+"""Fused linear + cross-entropy (kernels/linear_ce/) against the plain formula, and the GPT's loss through it. The
+Triton kernel runs in Triton's interpreter on a CPU (conftest sets TRITON_INTERPRET=1 without a GPU)."""
+
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import duality.kernels.linear_ce.chunked as lce
+import duality.kernels.linear_ce.kernel as lck
 from duality.kernels.linear_ce import linear_cross_entropy, linear_cross_entropy_reference
 from duality.model import build_model
 
@@ -59,12 +63,14 @@ def test_autocast_matches_a_plain_linear_in_the_same_dtype():
     torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=2e-4)
 
 
-def test_model_loss_and_gradients_equal_the_plain_logits_path(monkeypatch):
+@pytest.mark.parametrize("impl", ["auto", pytest.param("triton", marks=pytest.mark.skipif(  # a CPU model: the
+    os.environ.get("TRITON_INTERPRET") != "1", reason="runs the kernel in the interpreter"))])    # interpreter only
+def test_model_loss_and_gradients_equal_the_plain_logits_path(monkeypatch, impl):
     """What training optimises (the fused loss) is the cross-entropy of the logits the model returns."""
     monkeypatch.setattr(lce, "CHUNK_ELEMENTS", 512 * 64)  # several chunks of 64 tokens
     m = build_model({"name": "transformer"}, {"name": "rope"},
                     {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 64, "tie_embeddings": True,
-                     "fused_loss": True}, 512).double()
+                     "fused_loss": True, "fused_loss_impl": impl}, 512).double()
     idx = torch.randint(0, 512, (3, 50))
     tgt = idx.roll(-1, 1)
     tgt[:, -1] = -1
@@ -114,5 +120,57 @@ def test_shape_errors():
     h, w, y = _inputs()
     with pytest.raises(ValueError, match=r"h \[N, d\], weight \[V, d\], targets \[N\]"):
         linear_cross_entropy(h, w[:, :5], y)
-    with pytest.raises(ValueError, match="impl must be"):
-        linear_cross_entropy(h, w, y, impl="triton")
+    with pytest.raises(ValueError, match=r"impl must be one of \['auto', 'triton', 'chunked', 'torch'\]"):
+        linear_cross_entropy(h, w, y, impl="fused")
+
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                            reason="needs a GPU or TRITON_INTERPRET=1")
+
+
+@interp
+@pytest.mark.parametrize("block", [32, 4096])  # 101 columns in 4 blocks (the last ragged), or in one
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_kernel_equals_reference_loss_and_gradients(monkeypatch, block, dtype):
+    monkeypatch.setattr(lce, "CHUNK_ELEMENTS", 101 * 256)  # 600 tokens in 3 chunks, the last ragged
+    monkeypatch.setattr(lck, "BLOCK_V", block)
+    h, w, y = _inputs(n=600, dtype=dtype)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    h, w, y = (t.detach().to(dev).requires_grad_(t.requires_grad) for t in (h, w, y))
+    loss = linear_cross_entropy(h, w, y, impl="triton")
+    (3.0 * loss).backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    ref = linear_cross_entropy_reference(h, w, y)
+    (3.0 * ref).backward()
+    tol = {"rtol": 1e-11, "atol": 1e-13} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(loss, ref, **tol)
+    torch.testing.assert_close(gh, h.grad, **tol)
+    torch.testing.assert_close(gw, w.grad, **tol)
+    assert gh[[3, 40, 76]].abs().max() == 0
+
+
+@interp
+def test_kernel_rows_extreme_logits_bf16_and_nothing_scored():
+    """Logits of +-1e4 (a softmax that saturates), bf16 logits overwritten by their gradient in bf16, no target."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    z = torch.randn(5, 70, dtype=torch.float64, device=dev) * 3
+    z[0, 7], z[1, :] = 1e4, -1e4
+    y = torch.tensor([7, 3, -1, 69, 0], device=dev)
+    scale = torch.tensor([0.25], dtype=torch.float64, device=dev)
+    ref_rows = F.cross_entropy(z, y, ignore_index=-1, reduction="none")
+    ref_grad = (torch.softmax(z, -1) - F.one_hot(y.clamp(min=0), 70)) * 0.25 * (y != -1)[:, None]
+    g = z.clone()
+    rows = lck.ce_rows(g, y, scale)
+    torch.testing.assert_close(rows, ref_rows, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, ref_grad, rtol=1e-12, atol=1e-15)
+    zb = z.to(torch.bfloat16)
+    rows = lck.ce_rows(zb, y, scale.float())
+    assert rows.dtype == torch.float32 and zb.dtype == torch.bfloat16
+    torch.testing.assert_close(rows, F.cross_entropy(z.to(torch.bfloat16).float(), y, ignore_index=-1,
+                                                     reduction="none"), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(zb.float(), ref_grad.float(), rtol=2e-2, atol=1e-3)
+    nothing = torch.full_like(y, -1)
+    g = z.clone()
+    assert lck.ce_rows(g, nothing, scale).abs().max() == 0 and g.abs().max() == 0
+    assert lck.ce_rows(z.clone(), y, scale, with_grad=False).shape == (5,)
