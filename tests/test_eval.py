@@ -103,15 +103,17 @@ def test_the_batched_scorer_gives_hflms_results_with_one_forward_per_distinct_ro
 
 
 def test_the_batched_scorer_tokenizes_as_hflm(lm, monkeypatch):
-    """The subclass's loglikelihood encodes all requests in two calls of the Rust tokenizer; the (context,
-    continuation) token lists it hands on are HFLM's own: trailing whitespace moved to the continuation, non-ASCII
-    text, a context longer than max_length. An empty context takes HFLM's path (end-of-text as context)."""
+    """The subclass's loglikelihood encodes all requests in two calls of the Rust tokenizer (each distinct context
+    once); the (context, continuation) token lists it hands on are HFLM's own: trailing whitespace moved to the
+    continuation, choices sharing a context (with and without its trailing space), non-ASCII text, a context longer
+    than max_length. An empty context takes HFLM's path (end-of-text as context)."""
     from lm_eval.models.huggingface import HFLM
     seen = []
     monkeypatch.setattr(type(lm), "_loglikelihood_tokens", lambda self, reqs, **kw: seen.append(reqs) or
                         [(0.0, False)] * len(reqs))
     reqs = [("The module ", "provides functions"), ("Return the\n\t", " value of x."), ("naïve café", " → π"),
-            ("A very long context " * 30, " end"), ("Hello", " world")]
+            ("A very long context " * 30, " end"), ("Hello", " world"), ("The module ", "returns"),
+            ("The module", " is gone"), ("Hello", "!")]
     for batch in (reqs, reqs + [("", "Hello world")]):
         seen.clear()
         lm.loglikelihood(requests("loglikelihood", *batch), disable_tqdm=True)
