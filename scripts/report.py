@@ -34,7 +34,8 @@ FIRST_STEP = DOCS / "gpu/first_step_h100.json"
 FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
 FIRST_STEP_BLOCKS = DOCS / "gpu/first_step_h100_blocks_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
-LM_EVAL_BENCH = [DOCS / "eval/lm_eval_bench_h200_2026-11-26.json", DOCS / "eval/lm_eval_bench_h100_2026-11-27.json"]
+LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
+                                                                    "h100_2026-11-27_0aa552c")]
 COMPILE_SCOPE = [DOCS / "throughput/compile_scope_h100_2026-11-27.json",
                  DOCS / "throughput/compile_scope_cpu_2026-11-27.json"]
 LONGEST = DOCS / "memory/longest_65536_h100_2026-11-25.json"
@@ -137,7 +138,7 @@ def loss_kernel_table() -> str:
 
 def lm_eval_bench_table() -> str:
     """bench_lm_eval.py beside the old adapter's bench, two rounds a record: requests/s of the three scorers."""
-    lines = ["| device, date | model | batch | loglikelihood req/s: HFLM / batched / adapter (two rounds) | "
+    lines = ["| device, date, code | model | batch | loglikelihood req/s: HFLM / batched / adapter (each round) | "
              "batched / adapter |", "|---|---|---|---|---:|"]
     for path in LM_EVAL_BENCH:
         rec = load(path)
@@ -148,8 +149,9 @@ def lm_eval_bench_table() -> str:
             rounds = " and ".join(f"{r['hflm_req_s']:,.0f} / {r['batched_req_s']:,.0f} / {r['adapter_req_s']:,.0f}"
                                   for r in rs)
             ratios = [r["batched_req_s"] / r["adapter_req_s"] for r in rs]
-            lines.append(f"| {short_device(rec['device'])}, {rec['date']} | {model} | {batch} | {rounds} | "
-                         f"{min(ratios):.2f}–{max(ratios):.2f} |")
+            where = f"{short_device(rec['device'])}, {rec['date']}, {rec['code']}"
+            spread = f"{min(ratios):.2f}" + (f"–{max(ratios):.2f}" if len(ratios) > 1 else "")
+            lines.append(f"| {where} | {model} | {batch} | {rounds} | {spread} |")
     return "\n".join(lines)
 
 
