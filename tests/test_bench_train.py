@@ -186,3 +186,8 @@ def test_kernel_breakdown_sorts_kernels_by_kind_and_shows_the_idle_time():
     assert rows["matmul"] == 12.0 and rows["torch.compile (Inductor)"] == 3.0 and rows["optimizer"] == 0.5
     assert rows["GPU idle (step time - kernel time)"] == pytest.approx(20.0 - 49_950 / 3 / 1e3, abs=0.05)
     assert text[1].startswith("matmul")  # largest first
+    # the profiled steps' own time is what the idle is taken against; kernels summing above it are flagged
+    text = bench_train.kernel_breakdown(kernels, steps=3, step_ms=20.0, profiled_ms=18.0).splitlines()
+    assert float(text[-1][42:].split()[0]) == pytest.approx(18.0 - 49_950 / 3 / 1e3, abs=0.05)
+    flagged = bench_train.kernel_breakdown(kernels, steps=3, step_ms=20.0, profiled_ms=15.0).splitlines()
+    assert flagged[-1].startswith("(the kernels sum to 16.6 ms, more than the 15.0 ms step")
