@@ -1,6 +1,7 @@
 """Throughput of lm-eval scoring on this repo's transformers model (hf.py): loglikelihood requests per second through
 the harness's own HFLM and through this repo's batched subclass of it (evals/harness.py), with the largest difference
-between their scores, at several batch sizes; and generate_until requests per second.
+between their scores, at several batch sizes; the batched scorer's rate were its forwards all it did (each timed
+alone in one more pass); and generate_until requests per second.
 
 The requests are the harness's own for evals/local_tasks/pydoc_mc (each example = 4 (context, choice) requests),
 scored by HFLM.loglikelihood exactly as simple_evaluate would call it; generation is timed on pydoc_complete
@@ -38,6 +39,27 @@ def fresh(specs, size: str, device):
         yield f"{b} + {p}", DualityForCausalLM(config).to(device).eval(), hf_tokenizer(tok)
 
 
+def forward_seconds(lm, reqs, sync) -> float:
+    """The seconds that lm's forwards take in one more pass over reqs, each forward timed alone (synchronised
+    before and after): what the scorer's rate would be with nothing but its model calls, to compare with a scorer
+    that runs another model code (the old adapter runs bdd4289's)."""
+    spent, call = [0.0], lm._model_call
+
+    def timed(*args, **kwargs):
+        sync()
+        t = time.perf_counter()
+        out = call(*args, **kwargs)
+        sync()
+        spent[0] += time.perf_counter() - t
+        return out
+    lm._model_call = timed
+    try:
+        lm.loglikelihood(reqs, disable_tqdm=True)
+    finally:
+        del lm._model_call
+    return spent[0]
+
+
 def main():
     from lm_eval.api.instance import Instance
 
@@ -63,9 +85,9 @@ def main():
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; {len(docs)} examples = "
           f"{len(reqs)} loglikelihood requests; {len(gens)} generate_until requests (16 new tokens at most); "
           "the harness's HFLM and this repo's batched subclass (evals/harness.py), the same model")
-    print("| model | batch | loglikelihood requests/s: HFLM / batched | largest score difference | "
-          "generate_until requests/s |")
-    print("|---|---|---|---|---|")
+    print("| model | batch | loglikelihood requests/s: HFLM / batched | batched, its forwards alone | "
+          "largest score difference | generate_until requests/s |")
+    print("|---|---|---|---|---|---|")
     rows = []
     models = [(None, *DualityForCausalLM.from_checkpoint(ck, device)) for ck in args.ckpts]
     models = [(f"{m.config.backbone['name']} + {m.config.pe['name']}", m, t) for _, m, t in models]
@@ -89,7 +111,8 @@ def main():
                 plain = HFLM(pretrained=folder, batch_size=bs, device=str(device))
                 print(f"{name}: HFLM(pretrained=folder) built in {time.perf_counter() - t:.1f} s", flush=True)
             rates, scores = [], []
-            for lm in (plain, hflm(model, tokenizer, batch_size=bs)):
+            batched = hflm(model, tokenizer, batch_size=bs)
+            for lm in (plain, batched):
                 # warm-up over every request: each padded shape compiles (and may autotune) once, and HFLM's
                 # longest-row padding makes more shapes than the batched scorer's multiples of 64
                 lm.loglikelihood(reqs, disable_tqdm=True)
@@ -98,6 +121,7 @@ def main():
                 scores.append(lm.loglikelihood(reqs, disable_tqdm=True))
                 sync()
                 rates.append(len(reqs) / (time.perf_counter() - t))
+            forward = len(reqs) / forward_seconds(batched, reqs, sync)
             diff = max(abs(a - b) for (a, _), (b, _) in zip(*scores))
             # relative to the score: under bf16 autocast both round each sum to bf16 (8 significant bits)
             rel = max(abs(a - b) / max(abs(a), 1e-30) for (a, _), (b, _) in zip(*scores))
@@ -107,10 +131,10 @@ def main():
                 plain.generate_until(gens, disable_tqdm=True)
                 sync()
                 g = len(gens) / (time.perf_counter() - t)
-            print(f"| {name} | {bs} | {rates[0]:,.0f} / {rates[1]:,.0f} | {diff:.1e} ({rel:.0e} of it) | {g:,.1f} |",
-                  flush=True)
-            rows.append(dict(model=name, batch=bs, hflm_req_s=rates[0], batched_req_s=rates[1], max_score_diff=diff,
-                             max_rel_diff=rel, generate_req_s=g))
+            print(f"| {name} | {bs} | {rates[0]:,.0f} / {rates[1]:,.0f} | {forward:,.0f} | {diff:.1e} ({rel:.0e} of "
+                  f"it) | {g:,.1f} |", flush=True)
+            rows.append(dict(model=name, batch=bs, hflm_req_s=rates[0], batched_req_s=rates[1],
+                             batched_forward_req_s=forward, max_score_diff=diff, max_rel_diff=rel, generate_req_s=g))
     if args.json:
         from duality.common.io import write_atomic
         meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", date=time.strftime(

@@ -426,3 +426,24 @@ def test_eval_reads_an_export_as_it_reads_the_run(ckpt, tmp_path):
         eval_lib.run(compose([f"ckpt={out}", "mode=perplexity", "eval_tokens=512", f"out={tmp_path}/c.json"], "eval"))
     old = eval_lib.load_model(str(out))[1]
     assert old.encode("The module provides") == ids[0].tolist()
+
+
+def test_bench_forward_seconds_counts_only_the_model_calls(monkeypatch):
+    """scripts/bench_lm_eval.py's forwards-alone rate: the time inside each _model_call of one pass (synchronised
+    before and after), not the scorer's own work around them; the instance's method is restored."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_lm_eval
+    clock = [0.0]
+    monkeypatch.setattr(bench_lm_eval, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+
+    class Scorer:
+        def _model_call(self, x):
+            clock[0] += 2.0  # a forward
+            return x
+
+        def loglikelihood(self, reqs, disable_tqdm=False):
+            clock[0] += 10.0  # the scorer's own work
+            return [self._model_call(r) for r in reqs]
+    lm, syncs = Scorer(), []
+    assert bench_lm_eval.forward_seconds(lm, [1, 2, 3], lambda: syncs.append(1)) == 6.0
+    assert len(syncs) == 6 and "_model_call" not in vars(lm) and lm._model_call(5) == 5
