@@ -22,7 +22,7 @@ try:
 except ImportError:  # a CPU-only install: the chunked PyTorch path serves
     triton = None
 
-BLOCK_V = 4096  # columns a program holds at once: 16 KiB of fp32 per pass, in registers across 8 warps
+BLOCK_V = 4096  # columns a program (one row) holds at once: 16 per thread over 8 warps
 
 
 if triton is not None:
@@ -61,6 +61,9 @@ def ce_rows(z, targets, scale, ignore_index: int = -1, with_grad: bool = True):
     with scale * (softmax(z) - onehot(targets)), zero on ignored rows. scale: a one-element tensor (1 / the number
     of scored tokens, kept on the device: no host sync)."""
     n, vocab = z.shape
+    if z.stride(1) != 1 or targets.shape != (n,):
+        raise ValueError(f"ce_rows: logits [N, V] with unit column stride and targets [N]; got strides "
+                         f"{z.stride()} and targets {tuple(targets.shape)}")
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
     loss = torch.empty(n, device=z.device, dtype=acc)
     if n:

@@ -174,3 +174,5 @@ def test_kernel_rows_extreme_logits_bf16_and_nothing_scored():
     g = z.clone()
     assert lck.ce_rows(g, nothing, scale).abs().max() == 0 and g.abs().max() == 0
     assert lck.ce_rows(z.clone(), y, scale, with_grad=False).shape == (5,)
+    with pytest.raises(ValueError, match="unit column stride"):
+        lck.ce_rows(z.t(), y, scale)
