@@ -10,6 +10,7 @@ from duality.common.errors import ConfigError
 from duality.kernels.linear_ce import IMPLS as LOSS_IMPLS
 
 from .core.context import Dims
+from .core.layers import MLP_IMPLS
 from .core.options import defaults, register_schemas
 from .gpt import GPT, NORMS, Cache, ModelConfig
 from .mixers import REGISTRY as MIXERS
@@ -90,6 +91,8 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
     if model.get("sparse_loss") and not model.get("fused_loss"):
         raise ConfigError("model.sparse_loss=true computes the chunked loss at the scored positions only: it needs "
                           "model.fused_loss=true")
+    if model.get("mlp_impl", "inductor") not in MLP_IMPLS:
+        raise ConfigError(f"model.mlp_impl={model['mlp_impl']!r}; valid choices: {list(MLP_IMPLS)}")
     impl = model.get("fused_loss_impl", "auto")
     if impl not in LOSS_IMPLS[:3]:
         raise ConfigError(f"model.fused_loss_impl={impl!r}; valid choices: {list(LOSS_IMPLS[:3])}")

@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .core.context import TRAINING, Context, LayerState
-from .core.layers import ShortConv, residual_linear, swiglu_linear
+from .core.layers import ShortConv, quack_available, quack_swiglu, residual_linear, swiglu_linear
 from .pe.sinusoidal import sinusoid_table
 
 
@@ -75,6 +75,9 @@ class ModelConfig:
     layer_mixers: list[str] | None = None  # per layer, cycled: "backbone" or a backbone name (see above)
     # loss by chunks of tokens, never holding the [B, T, V] logits (kernels/linear_ce/): 20% less peak memory for
     # the 124m model at 32 x 1024 tokens, 3% slower under torch.compile on an H100 (docs/throughput)
+    # the SwiGLU's kernels: inductor (PyTorch, fused by torch.compile) | quack (quack-kernels' GEMMs with the SwiGLU
+    # in their epilogues, training on CUDA; SwiGLU says where the PyTorch form runs instead)
+    mlp_impl: str = "inductor"
     fused_loss: bool = False
     # how each chunk's loss and logit gradient are formed: auto (the Triton kernel on CUDA, else chunked) | triton
     # (kernels/linear_ce/kernel.py: the logits read twice, written once, in bf16) | chunked (PyTorch; under compile,
@@ -135,12 +138,20 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, d_model: int, hidden: int):
+    """impl (model.mlp_impl): inductor, the PyTorch form (swiglu_linear) that torch.compile fuses; quack, quack-kernels'
+    GEMMs with the SwiGLU in their epilogues (core/layers.py: quack_swiglu), for training steps on CUDA where the
+    package is installed: inference (shapes that change call by call, each one autotuned anew) and other devices
+    take the PyTorch form, the same function."""
+
+    def __init__(self, d_model: int, hidden: int, impl: str = "inductor"):
         super().__init__()
         self.w13 = nn.Linear(d_model, 2 * hidden, bias=False)
         self.w2 = residual_linear(hidden, d_model)
+        self.quack = impl == "quack" and torch.cuda.is_available() and quack_available()
 
     def forward(self, x):
+        if self.quack and x.is_cuda and torch.is_grad_enabled():
+            return quack_swiglu(x, self.w13.weight, self.w2.weight)
         a, b = self.w13(x).chunk(2, dim=-1)
         return swiglu_linear(a, b, self.w2.weight)
 
@@ -155,7 +166,7 @@ class Block(nn.Module):
         self.norm1 = make_norm(cfg)
         self.mixer = mixer
         self.norm2 = make_norm(cfg)
-        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden) if cfg.mlp_hidden else None
+        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden, cfg.mlp_impl) if cfg.mlp_hidden else None
 
     def forward(self, x, ctx: Context = TRAINING):
         if self.checkpointing == "full" and torch.is_grad_enabled():

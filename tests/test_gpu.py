@@ -334,3 +334,27 @@ def test_loss_kernel_bf16_against_the_plain_logits(vocab):
     assert abs(out["triton"][0].item() / out["plain"][0].item() - 1) < 1e-4
     for a, b in zip(out["triton"][1:], out["plain"][1:]):
         assert _rel(a, b) < 1e-2, _rel(a, b)
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("quack"), reason="needs quack-kernels")
+def test_quack_swiglu_matches_the_pytorch_form():
+    """model.mlp_impl=quack (quack-kernels' GEMMs with SwiGLU epilogues) against the SwiGLU's PyTorch form on the same
+    weights, under bf16 autocast at an awkward row count: output and every gradient to 1e-2 (bf16, rounded in other
+    places); inference takes the PyTorch form."""
+    from duality.model.gpt import SwiGLU
+    torch.manual_seed(0)
+    quack = SwiGLU(256, 704, "quack").cuda()
+    plain = SwiGLU(256, 704).cuda()
+    plain.load_state_dict(quack.state_dict())
+    assert quack.quack and not plain.quack
+    x = torch.randn(3, 333, 256, device="cuda", requires_grad=True)
+    out = {}
+    for name, m in (("quack", quack), ("plain", plain)):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(x)
+        dy = torch.randn_like(y, generator=torch.Generator("cuda").manual_seed(1))
+        out[name] = (y, *torch.autograd.grad(y, (x, m.w13.weight, m.w2.weight), dy))
+    for a, b in zip(out["quack"], out["plain"]):
+        assert _rel(a, b) < 1e-2, _rel(a, b)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert _rel(quack(x), plain(x)) == 0

@@ -80,11 +80,28 @@ def test_unknown_group_option_lists_choices():
     ("train.fsdp_reshard=sometimes", "train.fsdp_reshard='sometimes'; valid choices: auto, true, false"),
     ("train.compile_mode=fast", r"valid choices: \['default', 'max-autotune-no-cudagraphs'"),
     ("model.sparse_loss=true", "needs model.fused_loss=true"),
+    ("model.mlp_impl=liger", r"model.mlp_impl='liger'; valid choices: \['inductor', 'quack'\]"),
+    ("model.fused_loss_impl=fast", r"valid choices: \['auto', 'triton', 'chunked'\]"),
 ])
 def test_bad_config_fails_before_work(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
         train_lib.run(compose([f"out_dir={tmp_path}", override]))
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_quack_mlp_without_the_package_on_cuda_fails_before_work(tmp_path, monkeypatch):
+    """model.mlp_impl=quack on a CUDA machine without quack-kernels: an error naming the package and the way out;
+    on a CPU machine the same config trains (the SwiGLU's PyTorch form, the same function)."""
+    import duality.model.core.layers as layers
+    monkeypatch.setattr(layers, "quack_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"pip install quack-kernels\); model.mlp_impl=inductor runs without it"):
+        train_lib.run(compose([f"out_dir={tmp_path}", "model.mlp_impl=quack"]))
+    assert not (tmp_path / "checkpoints").exists()
+    monkeypatch.undo()
+    m = build_model({"name": "gla"}, {"name": "nope"}, {"n_layer": 1, "d_model": 32, "n_heads": 2, "seq_len": 16,
+                                                        "mlp_impl": "quack"}, 64)
+    assert m.blocks[0].mlp.quack is (torch.cuda.is_available() and layers.quack_available())  # CPU: PyTorch form
 
 
 def test_bf16_weights_with_a_beta2_bf16_cannot_decay_is_warned_about(capsys):

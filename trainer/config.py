@@ -133,6 +133,11 @@ def check_config(cfg, world: int = 1) -> dict:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi):
             raise ConfigError(f"train.{key}={v!r}: {what}, or null")
     check_optim(o)
+    if cfg.model.get("mlp_impl") == "quack" and torch.cuda.is_available():
+        from duality.model.core.layers import quack_available
+        if not quack_available():
+            raise ConfigError("model.mlp_impl=quack needs the quack-kernels package on this CUDA machine (pip install "
+                              "quack-kernels); model.mlp_impl=inductor runs without it")
     check_data_ranges(cfg.data)
     if o.lr == 0:
         print("warning: optim.lr=0: the weights will not change", file=sys.stderr)

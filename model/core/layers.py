@@ -124,6 +124,27 @@ def swiglu_linear(a, b, w):
     return _SwiGLULinear.apply(a, b, w)
 
 
+MLP_IMPLS = ("inductor", "quack")  # model.mlp_impl
+
+
+def quack_available() -> bool:
+    """quack-kernels importable (model.mlp_impl=quack): its Hopper / Blackwell GEMMs run on CUDA only."""
+    import importlib.util
+    return importlib.util.find_spec("quack") is not None
+
+
+# Outside Dynamo: CuTe-DSL kernels launched from autograd.Functions, which Dynamo cannot trace; a compiled block
+# calls this between two graphs, as it calls FLA's kernels
+@torch.compiler.disable
+def quack_swiglu(x, w13, w2):
+    """(silu(x W_1) * x W_3) W_2 by quack-kernels' GEMMs with the SwiGLU in their epilogues: the forward GEMM writes
+    silu(a) * b as it writes a and b, and the backward's dL/dh = dy W_2 GEMM forms da and db (and silu(a) * b for
+    dL/dW_2) in its epilogue, where swiglu_linear makes separate passes over [N, hidden] tensors. w13 holds W_1 then
+    W_3 (quack's concatenated layout). Under autocast, inputs and weights are cast as an nn.Linear would."""
+    from quack.mlp import mlp_func
+    return mlp_func(x, w13, w2, activation="swiglu", concat_layout=True)
+
+
 OUTPUT_NORM_EPS = 1e-6  # as FLA's layers' output norms
 
 
