@@ -102,9 +102,7 @@ def compile_scope_table() -> str:
              "peak GiB: whole / blocks | graphs |", "|---|---|---|---:|---:|---:|---:|"]
     for path in COMPILE_SCOPE:
         rec = load(path)
-        by = {(r["case"], r["scope"]): r for r in rec["rows"]}
-        for case in dict.fromkeys(r["case"] for r in rec["rows"]):
-            m, b = by[case, "model"], by[case, "blocks"]
+        for case, (m, b) in _pairs(rec["rows"], "case", "scope", ("model", "blocks")).items():
             device = short_device(m["device"]) or m["device"].upper()
             lines.append(f"| {case} | {m['size']}, {m['batch']} × {m['seq_len']} | {device}, {rec['date']} | "
                          f"{m['first_step_s']:.1f} / {b['first_step_s']:.1f} | "
@@ -112,6 +110,12 @@ def compile_scope_table() -> str:
                          f"{_pair(m, b, 'peak_mem_gib', '.1f')} | "
                          f"{_pair(m, b, 'graphs', 'd')} |")
     return "\n".join(lines)
+
+
+def _pairs(rows: list, key: str, side: str, sides: tuple) -> dict:
+    """{rows' key value: (its row with side == sides[0], its row with side == sides[1])}, in the rows' order."""
+    by = {(r[key], r[side]): r for r in rows}
+    return {k: (by[k, sides[0]], by[k, sides[1]]) for k in dict.fromkeys(r[key] for r in rows)}
 
 
 def _pair(a: dict, b: dict, key: str, fmt: str) -> str:
@@ -128,9 +132,7 @@ def loss_kernel_table() -> str:
             lines.append(f"| {part['shape']} | {r['way']} | {r['ms']:.2f} | {r['peak_gib']:.2f} |")
     lines += ["", "| case (370m/4096, compiled) | ms a step: chunked / triton | peak GiB: chunked / triton |",
               "|---|---:|---:|"]
-    by = {(r["case"], r["impl"]): r for r in rec["steps"]}
-    for case in dict.fromkeys(r["case"] for r in rec["steps"]):
-        c, t = by[case, "chunked"], by[case, "triton"]
+    for case, (c, t) in _pairs(rec["steps"], "case", "impl", ("chunked", "triton")).items():
         lines.append(f"| {case} | {c['ms']:.1f} / {t['ms']:.1f} | {c['peak_mem_gib']:.1f} / {t['peak_mem_gib']:.1f} |")
     cmds = "; ".join(f"`{c}`" for c in [p["command"] for p in rec["loss"]] + rec["step_commands"])
     return "\n".join(lines) + f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}: {cmds}."
@@ -140,17 +142,14 @@ def lm_eval_bench_table() -> str:
     """bench_lm_eval.py beside the old adapter's bench, two rounds a record: requests/s of the three scorers."""
     lines = ["| device, date, code | model | batch | loglikelihood req/s: HFLM / batched / adapter (each round) | "
              "batched / adapter |", "|---|---|---|---|---:|"]
-    for path in LM_EVAL_BENCH:
-        rec = load(path)
-        by: dict = {}
-        for r in rec["rows"]:
-            by.setdefault((r["model"], r["batch"]), []).append(r)
-        for (model, batch), rs in by.items():
+    for rec in map(load, LM_EVAL_BENCH):
+        where = f"{short_device(rec['device'])}, {rec['date']}, {rec['code']}"
+        for model, batch in dict.fromkeys((r["model"], r["batch"]) for r in rec["rows"]):
+            rs = [r for r in rec["rows"] if (r["model"], r["batch"]) == (model, batch)]  # one per round
             rounds = " and ".join(f"{r['hflm_req_s']:,.0f} / {r['batched_req_s']:,.0f} / {r['adapter_req_s']:,.0f}"
                                   for r in rs)
-            ratios = [r["batched_req_s"] / r["adapter_req_s"] for r in rs]
-            where = f"{short_device(rec['device'])}, {rec['date']}, {rec['code']}"
-            spread = f"{min(ratios):.2f}" + (f"–{max(ratios):.2f}" if len(ratios) > 1 else "")
+            ratios = sorted(r["batched_req_s"] / r["adapter_req_s"] for r in rs)
+            spread = f"{ratios[0]:.2f}" + (f"–{ratios[-1]:.2f}" if len(ratios) > 1 else "")
             lines.append(f"| {where} | {model} | {batch} | {rounds} | {spread} |")
     return "\n".join(lines)
 
