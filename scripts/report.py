@@ -307,15 +307,26 @@ def summary_table() -> str:
                  f"({ours['ms']:.0f} ms, {ours['peak_mem_gib']:.1f} GiB compiled against {fla['ms']:.0f} ms, "
                  f"{fla['peak_mem_gib']:.1f} GiB)", f"{short_device(fla_rec['device'])}, {fla_rec['date']}",
                  "docs/memory/README.md"))
+    lk = load(LOSS_KERNEL)
+    ways = {r["way"]: r for r in lk["loss"][0]["rows"]}
+    saved = [c["peak_mem_gib"] - t["peak_mem_gib"] for c, t in _pairs(lk["steps"], "case", "impl",
+                                                                      ("chunked", "triton")).values()]
+    rows.append(("The loss's Triton kernel (370m: 32,768 tokens, vocabulary 32k, forward + backward)",
+                 f"{ways['triton']['ms']:.1f} ms against {ways['chunked']['ms']:.1f} chunked and "
+                 f"{ways['logits']['ms']:.1f} full logits (compiled); "
+                 f"{'–'.join(dict.fromkeys(f'{x:.1f}' for x in (min(saved), max(saved))))} GiB less peak memory a "
+                 f"training step ({len(saved)} backbones)", f"{short_device(lk['device'])}, {lk['date']}",
+                 "docs/throughput/README.md"))
     lg = load(LONGEST)
     mems = [r["peak_mem_gib"] for r in lg["rows"]]
     rows.append(("One 65,536-token sequence at 370m (full checkpointing, chunked loss)",
                  f"{len(mems)} backbones in {min(mems):.1f}–{max(mems):.1f} GiB",
                  f"{short_device(lg['device'])}, {lg['date']}", "docs/memory/README.md"))
-    for path in (FIRST_STEP, FIRST_STEP_H200):
+    for path, how in ((FIRST_STEP, "compiled whole"), (FIRST_STEP_H200, "compiled whole"),
+                      (FIRST_STEP_BLOCKS, "compiled block by block, the default since")):
         fs = load(path)
         firsts = [r["first_step_s"] for r in fs["rows"]]
-        rows.append(("First compiled step of a fresh process, shipped kernel configs (370m/4096)",
+        rows.append((f"First compiled step of a fresh process, shipped kernel configs (370m/4096, {how})",
                      f"{min(firsts):.0f}–{max(firsts):.0f} s over {len(firsts)} cases, "
                      f"{sum(r['configs_timed'] for r in fs['rows'])} configs timed",
                      f"{short_device(rows_device(fs))}, {rows_date(fs)}", "docs/gpu/README.md"))
