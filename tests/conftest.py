@@ -50,10 +50,25 @@ def tiny_overrides(out_dir, cache, *extra):
             "logger.mode=disabled", "train.device=cpu", *extra]
 
 
-def torchrun_train(nproc: int, port: int, out_dir, cache, *extra) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node=nproc train.py` on the tiny model and budget (tiny_overrides), output captured."""
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                           f"--master_port={port}", "train.py", *tiny_overrides(out_dir, cache, *extra)],
+def free_port() -> int:
+    """A TCP port nothing listens on now. Fixed --master_port numbers were shared by tests (29547 by two files, run
+    one after the other), and a clean-clone run (2026-11-27) saw one such torchrun exit 1 without train.py's
+    message; the same test passed alone."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int) -> list[str]:
+    """`torchrun --nproc_per_node=nproc --master_port=<a free port>`, this interpreter's."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
+
+
+def torchrun_train(nproc: int, out_dir, cache, *extra) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=nproc train.py` on the tiny model and budget (tiny_overrides), on a free port,
+    output captured."""
+    return subprocess.run([*torchrun(nproc), "train.py", *tiny_overrides(out_dir, cache, *extra)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 

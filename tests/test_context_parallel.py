@@ -3,13 +3,12 @@ cp_group) gives the whole sequence's loss and gradients, for each family with a 
 others are refused."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import compose
+from conftest import compose, free_port
 
 from duality.model import ConfigError, build_model
 from duality.model.pe import REGISTRY as SCHEMES
@@ -90,9 +89,7 @@ def split_equals_whole(tmp_path, backbone, pe, world: int, packed: bool):
     """Each rank's loss over its slice, averaged over ranks (equal slices), and each parameter's gradient, averaged
     as DDP would, equal the whole sequence's in one process (a float64 model whose loss the trunk takes in float32,
     hence 1e-5)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(model_rank_main, args=(world, port, backbone, pe, packed, str(tmp_path / "m")), nprocs=world, join=True)
     model = built(backbone, pe)
     idx = torch.randint(0, 64, (1 if packed else 2, 49), generator=torch.Generator().manual_seed(1))

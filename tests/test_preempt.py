@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose, metrics_rows, tiny_overrides
+from conftest import ROOT, compose, metrics_rows, tiny_overrides, torchrun
 
 from duality import train as train_lib
 from duality.model import ConfigError
@@ -77,8 +77,7 @@ def test_under_torchrun_a_signal_to_one_rank_stops_both_at_one_step(tmp_path, re
     with the uninterrupted 1-process run's losses (up to the order of float sums)."""
     cache, ref = reference
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541", "train.py",
-           *tiny_overrides(out, cache, *COMMON)]
+    cmd = [*torchrun(2), "train.py", *tiny_overrides(out, cache, *COMMON)]
 
     def rank1(p):
         for _ in range(500):

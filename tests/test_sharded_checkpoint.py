@@ -4,11 +4,10 @@ whole on any world size and strategy, and everywhere a checkpoint is read (resum
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, compose, metrics_rows, tiny_overrides, torchrun_train
+from conftest import ROOT, compose, metrics_rows, tiny_overrides, torchrun, torchrun_train
 
 from duality import eval as eval_lib
 from duality import train as train_lib
@@ -95,8 +94,7 @@ def test_fsdp_writes_shards_from_every_rank_and_resumes_on_another_world_size(tm
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
     ref = losses(tmp_path / "ref")
     fsdp = tiny_overrides(tmp_path / "fsdp", data_cache, *opts, SHARDED, "train.strategy=fsdp")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29547",
-                        "train.py", *fsdp], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*torchrun(2), "train.py", *fsdp], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     shards = sorted(p.name for p in (tmp_path / "fsdp/checkpoints/step_0000004").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"], shards
@@ -109,7 +107,7 @@ def test_fsdp_writes_shards_from_every_rank_and_resumes_on_another_world_size(tm
     one = tmp_path / "one"  # one process -> FSDP on 2
     train_lib.run(compose(tiny_overrides(one, data_cache, *opts, SHARDED)))
     cut_at(one, 4)
-    r = torchrun_train(2, 29549, one, data_cache, *opts, SHARDED, "train.strategy=fsdp")
+    r = torchrun_train(2, one, data_cache, *opts, SHARDED, "train.strategy=fsdp")
     assert r.returncode == 0, r.stderr[-3000:]
     got = losses(one)
     assert sorted(got) == list(range(1, 9)) and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got)
@@ -144,7 +142,7 @@ def test_async_saves_under_fsdp_on_two_processes(tmp_path, data_cache):
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
     ref = losses(tmp_path / "ref")
     run = tmp_path / "fsdp"
-    r = torchrun_train(2, 29551, run, data_cache, *opts, "train.strategy=fsdp", "train.async_checkpoint=true")
+    r = torchrun_train(2, run, data_cache, *opts, "train.strategy=fsdp", "train.async_checkpoint=true")
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_0000004", "step_0000008"]
     got = losses(run)

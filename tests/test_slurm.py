@@ -2,12 +2,11 @@
 Slurm would start two tasks on one node, with gloo on the CPU."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, compose, metrics_rows, tiny_overrides, torchrun_train
+from conftest import ROOT, compose, free_port, metrics_rows, tiny_overrides, torchrun, torchrun_train
 
 from duality import train as train_lib
 from duality.trainer.runtime import first_host, from_slurm
@@ -40,9 +39,7 @@ def two_processes_train_as_one(tmp_path, data_cache, launch) -> list[str]:
     both, and check that they made one DDP run whose losses follow the one-process run's; returns their stdout."""
     opts = ("train.steps=6", "train.micro_batch=2", "optim.warmup=2")
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in SLURM}
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**env, **extra})
@@ -71,13 +68,12 @@ def test_torchrun_adapts_the_default_batch_and_says_a_config_error_once(tmp_path
     one error line (rank 0's), exit code 2."""
     args = [a for a in tiny_overrides(tmp_path / "run", data_cache, "train.steps=2", "train.micro_batch=3")
             if not a.startswith("train.global_batch_tokens")]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29547", "train.py"]
-    r = subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*torchrun(2), "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("note: train.global_batch_tokens 2048 -> 2112, a multiple of micro_batch x seq_len x "
                           "world_size = 3 x 32 x 2") == 1
-    r = subprocess.run([*cmd, *args, "train.global_batch_tokens=2048", f"out_dir={tmp_path / 'fixed'}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*torchrun(2), "train.py", *args, "train.global_batch_tokens=2048",
+                        f"out_dir={tmp_path / 'fixed'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and r.stderr.count("error: train.global_batch_tokens=2048 is not a multiple") == 1
 
 
@@ -107,21 +103,21 @@ def test_context_parallel_training_follows_the_unsplit_run(tmp_path, data_cache)
         got, ref = losses(run), losses("ref")
         return set(got) == set(ref) and len(ref) == 8 and all(got[k] == pytest.approx(ref[k], rel=1e-5) for k in ref)
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    r = torchrun_train(2, 29557, tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")
+    r = torchrun_train(2, tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "world 2 (DDP), sequences split over 2" in r.stdout
     assert same("cp"), (losses("cp"), losses("ref"))
     # 4 ranks: 2 groups of 2, each group its own sequences (the data split over groups, not ranks)
-    r = torchrun_train(4, 29563, tmp_path / "dp2cp2", data_cache, *opts, "train.context_parallel=2")
+    r = torchrun_train(4, tmp_path / "dp2cp2", data_cache, *opts, "train.context_parallel=2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "micro_batch 2 x grad_accum 2 x world 4 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     assert same("dp2cp2"), losses("dp2cp2")
-    r = torchrun_train(2, 29561, tmp_path / "fsdp", data_cache, *opts, "train.context_parallel=2",
+    r = torchrun_train(2, tmp_path / "fsdp", data_cache, *opts, "train.context_parallel=2",
                        "train.strategy=fsdp")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "world 2 (FSDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     assert same("fsdp"), losses("fsdp")
-    r = torchrun_train(2, 29559, tmp_path / "tf", data_cache, "train.steps=2", "backbone=path",
+    r = torchrun_train(2, tmp_path / "tf", data_cache, "train.steps=2", "backbone=path",
                        "train.context_parallel=2")
     assert r.returncode != 0 and r.stderr.count("error: train.context_parallel=2: no context-parallel form yet for "
                                                 "['PaTH']") == 1, r.stderr[-2000:]
@@ -134,7 +130,7 @@ def test_context_parallel_training_over_packed_documents_follows_the_unsplit_run
     opts = ("train.steps=4", "train.micro_batch=1", "optim.warmup=2", "backbone=gla", "backbone.short_conv=true",
             "pe=rope", "train.doc_boundaries=true", "train.eval_interval=2")
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    r = torchrun_train(2, 29565, tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")
+    r = torchrun_train(2, tmp_path / "cp", data_cache, *opts, "train.context_parallel=2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "micro_batch 1 x grad_accum 8 x world 2 (DDP), sequences split over 2" in r.stdout, r.stdout[-2000:]
     rows = {run: {(r["step"], k): r[k] for r in metrics_rows(tmp_path / run) for k in ("loss", "val_loss") if k in r}

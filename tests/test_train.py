@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose, metrics_rows, tiny_overrides, torchrun_train
+from conftest import ROOT, compose, free_port, metrics_rows, tiny_overrides, torchrun, torchrun_train
 
 from duality import eval as eval_lib
 from duality import train as train_lib
@@ -299,9 +299,8 @@ def test_resume_on_another_world_size_with_torchrun(tmp_path, data_cache):
     (tmp_path / "ddp" / "checkpoints" / "step_0000008.pt").unlink()
     (tmp_path / "ddp" / "checkpoints" / "latest").write_text("step_0000004.pt")
     (tmp_path / "ddp" / "metrics.jsonl").unlink()
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-                        "train.py", *common, "train.activation_checkpointing=full"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([*torchrun(2), "train.py", *common, "train.activation_checkpointing=full"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming a 1-process run on 2" in r.stderr
     a, b = _losses(tmp_path / "ref"), _losses(tmp_path / "ddp")
@@ -323,8 +322,7 @@ def test_fsdp_matches_one_process_and_checkpoints_cross_strategies(tmp_path, dat
     os.link(tmp_path / "ref" / "checkpoints" / "step_0000004.pt", tmp_path / "fsdp" / "checkpoints" / "step_0000004.pt")
     fsdp = tiny_overrides(tmp_path / "fsdp", data_cache, *opts, "train.ckpt_interval=2", "train.strategy=fsdp",
                           "train.activation_checkpointing=selective")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29537",
-                        "train.py", *fsdp], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*torchrun(2), "train.py", *fsdp], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "x world 2 (FSDP)" in r.stdout
     got = _losses(tmp_path / "fsdp")
@@ -344,7 +342,7 @@ def test_fsdp_with_parameters_kept_gathered_trains_and_saves_as_resharded(tmp_pa
     save): the same losses, validation losses and checkpoint as the one-process run."""
     opts = ("train.steps=6", "train.micro_batch=1", "optim.warmup=2", "train.eval_interval=2", "train.ckpt_interval=3")
     train_lib.run(compose(tiny_overrides(tmp_path / "ref", data_cache, *opts)))
-    r = torchrun_train(2, 29539, tmp_path / "kept", data_cache, *opts, "train.strategy=fsdp",
+    r = torchrun_train(2, tmp_path / "kept", data_cache, *opts, "train.strategy=fsdp",
                        "train.fsdp_reshard=false")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "grad_accum 4 x world 2 (FSDP)" in r.stdout, r.stdout[-2000:]
@@ -386,13 +384,8 @@ def _gathered_rank(rank: int, port: int, reshard: bool, out: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("reshard", [True, False])
 def test_fsdp_reshard_false_keeps_parameters_gathered_between_micro_batches(tmp_path, reshard):
-    import socket
-
     import torch.multiprocessing as mp
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_gathered_rank, args=(port, reshard, str(tmp_path / "r")), nprocs=2, join=True)
+    mp.spawn(_gathered_rank, args=(free_port(), reshard, str(tmp_path / "r")), nprocs=2, join=True)
     for r in range(2):  # [after a micro-batch under no_sync, after the step's last]: sharded (DTensor) or not
         assert torch.load(tmp_path / f"r.{r}") == ([True, True] if reshard else [False, True])
 
