@@ -94,8 +94,8 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
     if model.get("mlp_impl", "inductor") not in MLP_IMPLS:
         raise ConfigError(f"model.mlp_impl={model['mlp_impl']!r}; valid choices: {list(MLP_IMPLS)}")
     impl = model.get("fused_loss_impl", "auto")
-    if impl not in LOSS_IMPLS[:3]:
-        raise ConfigError(f"model.fused_loss_impl={impl!r}; valid choices: {list(LOSS_IMPLS[:3])}")
+    if impl not in LOSS_IMPLS:
+        raise ConfigError(f"model.fused_loss_impl={impl!r}; valid choices: {list(LOSS_IMPLS)}")
     pattern = model.get("layer_mixers")
     if pattern is not None:
         bad = [m for m in pattern if m != "backbone" and m not in MIXERS]

@@ -22,16 +22,18 @@ from .reference import linear_cross_entropy_reference
 
 __all__ = ["CHUNK_ELEMENTS", "IMPLS", "linear_cross_entropy", "linear_cross_entropy_reference"]
 
-IMPLS = ("auto", "triton", "chunked", "torch")  # model.fused_loss_impl takes the first three
+IMPLS = ("auto", "triton", "chunked")  # what model.fused_loss_impl chooses; impl="torch" is the reference
+
+
+def _chunked(h, weight, targets, ignore_index, grad: bool, kernel: bool):
+    if grad:
+        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, kernel)
+    return _loss_and_grad(h, weight, targets, ignore_index, with_grad=False, kernel=kernel)[0]
 
 
 # Outside Dynamo: a compiled model calls the kernel's path between two graphs (as it calls FLA's kernels); its
 # matmuls are cuBLAS's either way, and the kernel is what Inductor's fusion of the chunked path would be
-@torch.compiler.disable
-def _with_kernel(h, weight, targets, ignore_index, grad: bool):
-    if grad:
-        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, True)
-    return _loss_and_grad(h, weight, targets, ignore_index, with_grad=False, kernel=True)[0]
+_chunked_outside_dynamo = torch.compiler.disable(_chunked)
 
 
 def linear_cross_entropy(h, weight, targets, ignore_index: int = -1, impl: str | None = None):
@@ -45,7 +47,7 @@ def linear_cross_entropy(h, weight, targets, ignore_index: int = -1, impl: str |
     if impl == "torch":
         return linear_cross_entropy_reference(h, weight, targets, ignore_index)
     if impl not in (None, *IMPLS):
-        raise ValueError(f"linear_cross_entropy: impl must be one of {list(IMPLS)} or None, got {impl!r}")
+        raise ValueError(f"linear_cross_entropy: impl must be one of {[*IMPLS, 'torch']} or None, got {impl!r}")
     if impl in (None, "auto"):
         impl = "triton" if h.is_cuda and triton is not None else "chunked"
     if impl == "triton" and triton is None:
@@ -56,8 +58,5 @@ def linear_cross_entropy(h, weight, targets, ignore_index: int = -1, impl: str |
     h = h.to(dtype)  # the cast carries dL/dh back to the caller's dtype
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     with torch.autocast(dev, enabled=False):
-        if impl == "triton":
-            return _with_kernel(h, weight, targets, ignore_index, grad)
-        if grad:
-            return _LinearCrossEntropy.apply(h, weight, targets, ignore_index)
-        return _loss_and_grad(h, weight, targets, ignore_index, with_grad=False)[0]
+        kernel = impl == "triton"
+        return (_chunked_outside_dynamo if kernel else _chunked)(h, weight, targets, ignore_index, grad, kernel)
