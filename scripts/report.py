@@ -33,9 +33,11 @@ VS_FLA = [DOCS / f"memory/{n}_370m_4096_h100.json" for n in ("fla_peers", "fused
 FIRST_STEP = DOCS / "gpu/first_step_h100.json"
 FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
 FIRST_STEP_BLOCKS = DOCS / "gpu/first_step_h100_blocks_2026-11-27.json"
+FIRST_STEP_H200_BLOCKS = DOCS / "gpu/first_step_h200_blocks_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
+QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
-                                                                    "h100_2026-11-27_0aa552c")]
+                                                                    "h100_2026-11-27_0aa552c", "h200_2026-11-27")]
 COMPILE_SCOPE = [DOCS / "throughput/compile_scope_h100_2026-11-27.json",
                  DOCS / "throughput/compile_scope_cpu_2026-11-27.json"]
 LONGEST = DOCS / "memory/longest_65536_h100_2026-11-25.json"
@@ -138,10 +140,24 @@ def loss_kernel_table() -> str:
     return "\n".join(lines) + f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}: {cmds}."
 
 
+def quack_swiglu_table() -> str:
+    """bench_train's step with each model.mlp_impl, one process each on one machine."""
+    rec = load(QUACK_SWIGLU)
+    lines = ["| case (370m/4096, compiled) | ms a step: inductor / quack | MFU | peak GiB | first step, s |",
+             "|---|---:|---:|---:|---:|"]
+    for case, (i, q) in _pairs(rec["rows"], "case", "impl", ("inductor", "quack")).items():
+        lines.append(f"| {case} | {i['ms']:.1f} / {q['ms']:.1f} | {_pair(i, q, 'mfu', '.3f')} | "
+                     f"{_pair(i, q, 'peak_mem_gib', '.1f')} | {_pair(i, q, 'first_step_s', '.1f')} |")
+    cmds = "; ".join(f"`{r['command']}`" for r in rec["rows"])
+    return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, "
+                               f"{rec['packages']}: {cmds}. {rec['gpu_test']}; {rec['note']}.")
+
+
 def lm_eval_bench_table() -> str:
-    """bench_lm_eval.py beside the old adapter's bench, two rounds a record: requests/s of the three scorers."""
+    """bench_lm_eval.py beside the old adapter's bench, one or two rounds a record: requests/s of the three scorers,
+    and where a record timed them, the two benches' forwards alone (each forward synchronised and timed)."""
     lines = ["| device, date, code | model | batch | loglikelihood req/s: HFLM / batched / adapter (each round) | "
-             "batched / adapter |", "|---|---|---|---|---:|"]
+             "batched / adapter | forwards alone, req/s: batched / adapter |", "|---|---|---|---|---:|---:|"]
     for rec in map(load, LM_EVAL_BENCH):
         where = f"{short_device(rec['device'])}, {rec['date']}, {rec['code']}"
         for model, batch in dict.fromkeys((r["model"], r["batch"]) for r in rec["rows"]):
@@ -150,7 +166,9 @@ def lm_eval_bench_table() -> str:
                                   for r in rs)
             ratios = sorted(r["batched_req_s"] / r["adapter_req_s"] for r in rs)
             spread = f"{ratios[0]:.2f}" + (f"–{ratios[-1]:.2f}" if len(ratios) > 1 else "")
-            lines.append(f"| {where} | {model} | {batch} | {rounds} | {spread} |")
+            alone = " and ".join(f"{r['batched_forward_req_s']:,.0f} / {r['adapter_forward_req_s']:,.0f}"
+                                 for r in rs if "adapter_forward_req_s" in r) or "–"
+            lines.append(f"| {where} | {model} | {batch} | {rounds} | {spread} | {alone} |")
     return "\n".join(lines)
 
 
@@ -323,7 +341,8 @@ def summary_table() -> str:
                  f"{len(mems)} backbones in {min(mems):.1f}–{max(mems):.1f} GiB",
                  f"{short_device(lg['device'])}, {lg['date']}", "docs/memory/README.md"))
     for path, how in ((FIRST_STEP, "compiled whole"), (FIRST_STEP_H200, "compiled whole"),
-                      (FIRST_STEP_BLOCKS, "compiled block by block, the default since")):
+                      (FIRST_STEP_BLOCKS, "compiled block by block, the default since"),
+                      (FIRST_STEP_H200_BLOCKS, "compiled block by block")):
         fs = load(path)
         firsts = [r["first_step_s"] for r in fs["rows"]]
         rows.append((f"First compiled step of a fresh process, shipped kernel configs (370m/4096, {how})",
@@ -376,7 +395,9 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table,
           "first_step_h200": lambda: first_step_table(FIRST_STEP_H200), "compile_scope": compile_scope_table,
-          "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS), "loss_kernel": loss_kernel_table,
+          "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS),
+          "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS), "loss_kernel": loss_kernel_table,
+          "quack_swiglu": quack_swiglu_table,
           "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,

@@ -210,7 +210,8 @@ def test_rotation_kernel_bf16_awkward_shapes(inc, T, cu):
 def test_shipped_configs_replace_autotuning():
     """On a GPU with kernels/configs/<GPU>/: FLA's GLA kernels (forward and backward) run without timing a single
     config; then, with their caches emptied, the forward autotunes (configs are timed) and gives the same output to
-    bf16 accuracy. (Only the forward is re-tuned: tuning the backward's kernels too took 220 s of this group's 320.)"""
+    bf16 accuracy. Only the forward is re-tuned, and over two configs a kernel: tuning the backward's kernels too took
+    220 s of this group's 320, and timing every forward config 105 s on an H100 (2026-11-24)."""
     import duality.kernels.tuned_configs as tc
     from duality.kernels.recurrences import gated
     folder = tc.config_dir()
@@ -228,17 +229,21 @@ def test_shipped_configs_replace_autotuning():
     before = tc.counts["benchmarks"]
     shipped = run()
     assert tc.counts["benchmarks"] == before, "a shipped key was autotuned anyway"
-    saved = [(t, dict(t.cache), t.cache_results) for t in tc.autotuners()]
+    saved = [(t, dict(t.cache), t.cache_results, t.configs) for t in tc.autotuners()]
     try:
-        for t, _, _ in saved:
+        for t, cache, _, configs in saved:
             t.cache.clear()
             t.cache_results = False  # not Triton's on-disk autotuning results either: time the configs here
+            # two configs, those the shipped entries chose first (they fit this GPU's resources)
+            chosen = list(dict.fromkeys(cache.values()))
+            t.configs = (chosen + [c for c in configs if c not in chosen])[:2]
         tuned = run(backward=False)
         assert tc.counts["benchmarks"] > before, "emptied caches did not autotune"
     finally:
-        for t, c, r in saved:
+        for t, c, r, configs in saved:
             t.cache.update(c)
             t.cache_results = r
+            t.configs = configs
     for a, b in zip(shipped, tuned):
         assert _rel(a, b) < 1e-2
 
