@@ -172,14 +172,16 @@ def run(cfg) -> dict:
         raise ConfigError(f"mode={cfg.mode} takes one checkpoint; got {len(paths)}")
     for p in paths:  # every path checked before any work
         resolve_ckpt(p)
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    if cfg.mode == "lm_eval" and cfg.lm_eval.cuda_graphs and device.type != "cuda":
+        raise ConfigError(f"lm_eval.cuda_graphs=true needs a CUDA device; this run's is {device} (device={cfg.device})")
     if cfg.mode == "lm_eval":  # the tasks and their data are checked before any model is loaded
         try:
             from duality.evals import harness
         except ImportError as e:
             raise ConfigError(f"mode=lm_eval needs lm-evaluation-harness ({e}): pip install lm-eval") from None
         task_manager = harness.load_tasks(list(cfg.lm_eval.tasks), cfg.lm_eval.include_path)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if cfg.device == "auto" else cfg.device))
     if cfg.mode == "export":  # a folder, not a JSON of results
         from duality.hf import export
         out = export(paths[0], cfg.out or resolve_ckpt(paths[0]).parent.parent / "hf", cfg.export_dtype)
@@ -202,7 +204,8 @@ def run(cfg) -> dict:
         from duality.hf import DualityForCausalLM
         for path in paths:
             model, tokenizer = DualityForCausalLM.from_checkpoint(path, device)
-            lm = harness.hflm(model, tokenizer, batch_size=L.batch_size, max_length=L.max_length)
+            lm = harness.hflm(model, tokenizer, batch_size=L.batch_size, max_length=L.max_length,
+                              cuda_graphs=L.cuda_graphs)
             scores.append(harness.evaluate(lm, list(L.tasks), task_manager, L.num_fewshot, L.limit)["results"])
             configs.append({g: getattr(model.config, g) for g in ("backbone", "pe", "model")})
             del model, lm

@@ -165,6 +165,22 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
                                    ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: past_key_values})
 
+    @torch.no_grad()
+    def hidden_states(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """[B, T] -> the head's input [B, T, d_model] (the trunk's output after the final norm), in the forward's
+        precision; logits_at maps any of its rows to logits. For scorers that need the logits at a few positions:
+        the head at every position is the largest matmul of a forward and its [B, T, V] output the largest tensor."""
+        if self.model.decoder is not None:
+            raise ValueError("model.head=compress decodes a whole sequence from one state; it has no per-token head")
+        with self._precision(), varying_shapes():
+            return self.model.norm(self.model.trunk(input_ids))
+
+    @torch.no_grad()
+    def logits_at(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Rows of hidden_states [..., d_model] -> their logits [..., V], as forward gives them."""
+        with self._precision():
+            return self.model.lm_head(hidden)
+
     def _precision(self):
         dtype = getattr(torch, self.config.autocast) if self.config.autocast else None
         if dtype is None or self.device.type != "cuda" or self.dtype != torch.float32:

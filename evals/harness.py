@@ -23,6 +23,8 @@ import math
 import sys
 from functools import lru_cache
 
+import torch
+
 from duality.common.errors import ConfigError
 
 # seed 004 Table 3 (the GLA / DeltaNet task set) and wikitext perplexity; the metric each column shows
@@ -32,13 +34,48 @@ SEED_TASKS = {"lambada_openai": ("perplexity", "acc"), "piqa": ("acc",), "hellas
 GENERIC = ("acc", "acc_norm", "exact_match", "perplexity", "word_perplexity")
 
 
-def hflm(model, tokenizer, batch_size: int = 16, max_length: int | None = None):
+def hflm(model, tokenizer, batch_size: int = 16, max_length: int | None = None, cuda_graphs: bool = False):
     """The harness's HFLM (as batched_hflm's subclass) around a DualityForCausalLM already in memory (hf.py), as
     `--model hf` builds it from a folder."""
     if model.model.decoder is not None:
         raise ConfigError("mode=lm_eval needs a language model; this checkpoint has model.head=compress")
     return batched_hflm()(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                          max_length=max_length, device=str(model.device))
+                          max_length=max_length, device=str(model.device), cuda_graphs=cuda_graphs)
+
+
+class GraphedTrunk:
+    """model.hidden_states (hf.py) replayed from one CUDA graph per input shape. A 124m model's eager forward at
+    scoring's shapes is bound by the host: 8-30 ms of Python and launches for 3-4 ms of GPU work (H200, 2026-11-27,
+    docs/evaluation.md); a replay launches the whole forward at once. Each shape is run once eagerly (kernels
+    compiled and autotuned outside the capture), then captured; all graphs share one memory pool, so a replay may
+    overwrite what another shape's replay returned: use each output before the next call."""
+
+    def __init__(self, model):
+        if model.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, not {model.device}")
+        self.model, self.graphs, self.pool = model, {}, None
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        shape = tuple(input_ids.shape)
+        if shape not in self.graphs:
+            self.graphs[shape] = self._capture(input_ids)
+        graph, static_in, static_out = self.graphs[shape]
+        static_in.copy_(input_ids)
+        graph.replay()
+        return static_out
+
+    def _capture(self, input_ids):
+        static_in = input_ids.clone()
+        side = torch.cuda.Stream()  # the warm-up on a side stream, as torch.cuda.graph's documentation does it
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.model.hidden_states(static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_out = self.model.hidden_states(static_in)
+        self.pool = graph.pool()
+        return graph, static_in, static_out
 
 
 PAD_TO = 64  # rows padded to a multiple of this on a GPU: few distinct shapes for the kernels (and their tuning)
@@ -54,14 +91,32 @@ def batched_hflm():
     results, and changes only how they are computed: rows sorted by length, each distinct row run once (the choices
     of a multiple-choice question that differ in their last token share it), right-padded to a multiple of PAD_TO,
     the log-softmax taken only at the continuation's positions, and one transfer to the CPU a batch. A causal model
-    gives right padding no influence on the real positions, so the scores are HFLM's (tests/test_eval.py)."""
+    gives right padding no influence on the real positions, so the scores are HFLM's (tests/test_eval.py).
+    This repo's model (hf.py: hidden_states, logits_at) runs its head only at the continuations' positions, and with
+    cuda_graphs=True (`--model_args ...,cuda_graphs=True`) its trunk from a CUDA graph per padded shape
+    (GraphedTrunk)."""
     import numpy as np
-    import torch
     import torch.nn.functional as F
     from lm_eval.models.huggingface import HFLM
     from tqdm import tqdm
 
     class BatchedHFLM(HFLM):
+        def __init__(self, *args, cuda_graphs: bool = False, **kwargs):
+            super().__init__(*args, **kwargs)
+            own = callable(getattr(self.model, "hidden_states", None)) and callable(getattr(self.model, "logits_at",
+                                                                                            None))
+            if cuda_graphs and not (own and self.device.type == "cuda" and self.backend == "causal"):
+                raise ConfigError(f"cuda_graphs=True needs this repo's model (hf.py) on a CUDA device; got "
+                                  f"{type(self.model).__name__} on {self.device}")
+            self.trunk = (GraphedTrunk(self.model) if cuda_graphs else self.model.hidden_states) if own else None
+
+        def _forward(self, inp, row_of, pos):
+            """The logits [tokens, V] at rows row_of, positions pos of the padded batch inp: this repo's model runs
+            its head at those positions only; another model runs HFLM's _model_call, every position."""
+            if self.trunk is None:
+                return self._model_call(inp)[row_of, pos]
+            return self.model.logits_at(self.trunk(inp)[row_of, pos])
+
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             """HFLM's tokenization of each (context, continuation), in two calls of a fast tokenizer's Rust
             encoder instead of two Python-level encodes per request (~0.1 s of a pass over 800 requests on a
@@ -125,7 +180,7 @@ def batched_hflm():
                         tgt += cont
                         served.append(j)
                 req, row_of, pos, tgt = torch.tensor([req, row_of, pos, tgt]).to(self.device, non_blocking=True)
-                logits = self._model_call(torch.from_numpy(inp).to(self.device))[row_of, pos]  # [tokens, vocab]
+                logits = self._forward(torch.from_numpy(inp).to(self.device), row_of, pos)  # [tokens, vocab]
                 logp = F.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
                 # HFLM's score is a request's log-probs summed in their dtype; here summed in float64, then rounded
                 lp = logp.gather(-1, tgt[:, None])[:, 0]

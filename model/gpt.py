@@ -283,6 +283,11 @@ class GPT(nn.Module):
         parallelism; the recurrences hand their state over, kernels/recurrences/cp.py); with cu_seqlens, the slice's
         boundaries in its own coordinates, the first <= 0 where its first document began on a slice before
         (kernels/varlen.py: slice_boundaries)."""
+        x = self.trunk(idx, cache, cu_seqlens, cp_group)
+        return (self.compiled_head if self.compiled_head is not None and cache is None else self._head)(x, targets)
+
+    def trunk(self, idx, cache: Cache | None = None, cu_seqlens=None, cp_group=None):
+        """idx [B, T] -> the last block's output [B, T, d_model], before the head's norm (forward's arguments)."""
         x = self.wte(idx)
         offset = 0 if cache is None else cache.offset
         if cp_group is not None:
@@ -298,7 +303,7 @@ class GPT(nn.Module):
             x = block(x, Context(offset, cu_seqlens, None if cache is None else cache.layers[i], cp_group))
         if cache is not None:
             cache.offset += idx.shape[1]
-        return (self.compiled_head if self.compiled_head is not None and cache is None else self._head)(x, targets)
+        return x
 
     def _head(self, x, targets):
         if self.decoder is not None:

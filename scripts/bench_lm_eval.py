@@ -1,7 +1,8 @@
 """Throughput of lm-eval scoring on this repo's transformers model (hf.py): loglikelihood requests per second through
 the harness's own HFLM and through this repo's batched subclass of it (evals/harness.py), with the largest difference
 between their scores, at several batch sizes; the batched scorer's rate were its forwards all it did (each timed
-alone in one more pass); and generate_until requests per second.
+alone in one more pass); with --cuda-graphs the same scorer with its trunk replayed from CUDA graphs; and
+generate_until requests per second.
 
 The requests are the harness's own for evals/local_tasks/pydoc_mc (each example = 4 (context, choice) requests),
 scored by HFLM.loglikelihood exactly as simple_evaluate would call it; generation is timed on pydoc_complete
@@ -9,6 +10,7 @@ scored by HFLM.loglikelihood exactly as simple_evaluate would call it; generatio
 
     python scripts/bench_lm_eval.py CKPT [CKPT ...] [--batch-sizes 1 16 64]
     python scripts/bench_lm_eval.py --fresh transformer/rope gla/nope --size 124m   # models at init, byte tokens
+    python scripts/bench_lm_eval.py --fresh transformer/rope --size 124m --cuda-graphs  # GPU: + the graphed scorer
 """
 
 import argparse
@@ -40,10 +42,11 @@ def fresh(specs, size: str, device):
 
 
 def forward_seconds(lm, reqs, sync) -> float:
-    """The seconds that lm's forwards take in one more pass over reqs, each forward timed alone (synchronised
-    before and after): what the scorer's rate would be with nothing but its model calls, to compare with a scorer
-    that runs another model code (the old adapter runs bdd4289's)."""
-    spent, call = [0.0], lm._model_call
+    """The seconds that lm's forwards (its _forward: the model's logits at a batch's scored positions) take in one
+    more pass over reqs, each timed alone (synchronised before and after): what the scorer's rate would be with
+    nothing but its model calls, to compare with a scorer that runs another model code (the old adapter runs
+    bdd4289's)."""
+    spent, call = [0.0], lm._forward
 
     def timed(*args, **kwargs):
         sync()
@@ -52,11 +55,11 @@ def forward_seconds(lm, reqs, sync) -> float:
         sync()
         spent[0] += time.perf_counter() - t
         return out
-    lm._model_call = timed
+    lm._forward = timed
     try:
         lm.loglikelihood(reqs, disable_tqdm=True)
     finally:
-        del lm._model_call
+        del lm._forward
     return spent[0]
 
 
@@ -71,6 +74,7 @@ def main():
     ap.add_argument("--size", default="124m")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--no-generate", action="store_true", help="time loglikelihood only")
+    ap.add_argument("--cuda-graphs", action="store_true", help="also the batched scorer with cuda_graphs=True")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--via-folder", action="store_true",
                     help="save each model as a transformers folder and let HFLM load it by path, as `lm_eval "
@@ -85,7 +89,8 @@ def main():
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; {len(docs)} examples = "
           f"{len(reqs)} loglikelihood requests; {len(gens)} generate_until requests (16 new tokens at most); "
           "the harness's HFLM and this repo's batched subclass (evals/harness.py), the same model")
-    print("| model | batch | loglikelihood requests/s: HFLM / batched | batched, its forwards alone | "
+    graphs = " / batched + CUDA graphs" if args.cuda_graphs else ""
+    print(f"| model | batch | loglikelihood requests/s: HFLM / batched{graphs} | batched, its forwards alone | "
           "largest score difference | generate_until requests/s |")
     print("|---|---|---|---|---|---|")
     rows = []
@@ -112,7 +117,9 @@ def main():
                 print(f"{name}: HFLM(pretrained=folder) built in {time.perf_counter() - t:.1f} s", flush=True)
             rates, scores = [], []
             batched = hflm(model, tokenizer, batch_size=bs)
-            for lm in (plain, batched):
+            scorers = [plain, batched] + ([hflm(model, tokenizer, batch_size=bs, cuda_graphs=True)]
+                                          if args.cuda_graphs else [])
+            for lm in scorers:
                 # warm-up over every request: each padded shape compiles (and may autotune) once, and HFLM's
                 # longest-row padding makes more shapes than the batched scorer's multiples of 64
                 lm.loglikelihood(reqs, disable_tqdm=True)
@@ -122,19 +129,24 @@ def main():
                 sync()
                 rates.append(len(reqs) / (time.perf_counter() - t))
             forward = len(reqs) / forward_seconds(batched, reqs, sync)
-            diff = max(abs(a - b) for (a, _), (b, _) in zip(*scores))
+            diff = max(abs(a - b) for (a, _), (b, _) in zip(*scores[:2]))
             # relative to the score: under bf16 autocast both round each sum to bf16 (8 significant bits)
-            rel = max(abs(a - b) / max(abs(a), 1e-30) for (a, _), (b, _) in zip(*scores))
+            rel = max(abs(a - b) / max(abs(a), 1e-30) for (a, _), (b, _) in zip(*scores[:2]))
+            extra = {}
+            if args.cuda_graphs:  # the graphed trunk against the eager one: the same kernels, so the same scores
+                extra = dict(graphed_req_s=rates[2], graphed_max_diff=max(
+                    abs(a - b) for (a, _), (b, _) in zip(scores[1], scores[2])))
             g = float("nan")
             if not args.no_generate:
                 t = time.perf_counter()
                 plain.generate_until(gens, disable_tqdm=True)
                 sync()
                 g = len(gens) / (time.perf_counter() - t)
-            print(f"| {name} | {bs} | {rates[0]:,.0f} / {rates[1]:,.0f} | {forward:,.0f} | {diff:.1e} ({rel:.0e} of "
-                  f"it) | {g:,.1f} |", flush=True)
+            shown = " / ".join(f"{r:,.0f}" for r in rates)
+            print(f"| {name} | {bs} | {shown} | {forward:,.0f} | {diff:.1e} ({rel:.0e} of it) | {g:,.1f} |", flush=True)
             rows.append(dict(model=name, batch=bs, hflm_req_s=rates[0], batched_req_s=rates[1],
-                             batched_forward_req_s=forward, max_score_diff=diff, max_rel_diff=rel, generate_req_s=g))
+                             batched_forward_req_s=forward, max_score_diff=diff, max_rel_diff=rel, generate_req_s=g,
+                             **extra))
     if args.json:
         from duality.common.io import write_atomic
         meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", date=time.strftime(

@@ -87,9 +87,8 @@ def test_the_batched_scorer_gives_hflms_results_with_one_forward_per_distinct_ro
     reqs = [("The module", " provides functions"), ("A very long context " * 30, " end"), ("Hello", " world and more")]
     enc = choices + [((c, x), tok.encode(c), tok.encode(c + x)[len(tok.encode(c)):]) for c, x in reqs]
     calls = []
-    real = type(lm)._model_call
-    monkeypatch.setattr(type(lm), "_model_call", lambda self, inps, **kw: calls.append(inps.shape) or real(self, inps,
-                                                                                                            **kw))
+    real = type(lm)._forward
+    monkeypatch.setattr(type(lm), "_forward", lambda self, inps, *a: calls.append(inps.shape) or real(self, inps, *a))
     got = lm._loglikelihood_tokens(enc, disable_tqdm=True)
     want = HFLM._loglikelihood_tokens(lm, enc, disable_tqdm=True)
     assert [g for _, g in got] == [w for _, w in want]
@@ -243,6 +242,21 @@ def test_lm_eval_errors_name_the_problem(ckpt, tmp_path, monkeypatch):
         load_tasks(["hub_task"], str(tmp_path))
     with pytest.raises(ConfigError, match="no checkpoint there"):
         eval_lib.run(compose([f"ckpt={tmp_path}/missing", "mode=lm_eval"], "eval"))
+    # CUDA graphs on a CPU: refused before any task or model loads ('nope' would fail to load otherwise)
+    with pytest.raises(ConfigError, match=r"lm_eval.cuda_graphs=true needs a CUDA device; this run's is cpu"):
+        eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", "device=cpu", "lm_eval.cuda_graphs=true",
+                              "lm_eval.tasks=[nope]"], "eval"))
+
+
+def test_cuda_graphs_need_a_cuda_device_and_this_repos_model(lm):
+    """The batched scorer runs this repo's model by hidden_states and logits_at (the head at the scored positions
+    only); cuda_graphs=True on a CPU is refused, naming the device."""
+    from duality.evals.harness import batched_hflm, hflm
+    assert lm.trunk == lm.model.hidden_states
+    with pytest.raises(ConfigError, match="cuda_graphs=True needs this repo's model .* on a CUDA device; got "
+                                          "DualityForCausalLM on cpu"):
+        hflm(lm.model, lm.tokenizer, cuda_graphs=True)
+    assert isinstance(lm, batched_hflm())
 
 
 @pytest.mark.slow
@@ -429,7 +443,7 @@ def test_eval_reads_an_export_as_it_reads_the_run(ckpt, tmp_path):
 
 
 def test_bench_forward_seconds_counts_only_the_model_calls(monkeypatch):
-    """scripts/bench_lm_eval.py's forwards-alone rate: the time inside each _model_call of one pass (synchronised
+    """scripts/bench_lm_eval.py's forwards-alone rate: the time inside each _forward of one pass (synchronised
     before and after), not the scorer's own work around them; the instance's method is restored."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
     import bench_lm_eval
@@ -437,13 +451,13 @@ def test_bench_forward_seconds_counts_only_the_model_calls(monkeypatch):
     monkeypatch.setattr(bench_lm_eval, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))
 
     class Scorer:
-        def _model_call(self, x):
+        def _forward(self, x):
             clock[0] += 2.0  # a forward
             return x
 
         def loglikelihood(self, reqs, disable_tqdm=False):
             clock[0] += 10.0  # the scorer's own work
-            return [self._model_call(r) for r in reqs]
+            return [self._forward(r) for r in reqs]
     lm, syncs = Scorer(), []
     assert bench_lm_eval.forward_seconds(lm, [1, 2, 3], lambda: syncs.append(1)) == 6.0
-    assert len(syncs) == 6 and "_model_call" not in vars(lm) and lm._model_call(5) == 5
+    assert len(syncs) == 6 and "_forward" not in vars(lm) and lm._forward(5) == 5

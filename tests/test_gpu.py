@@ -363,3 +363,26 @@ def test_quack_swiglu_matches_the_pytorch_form():
         assert _rel(a, b) < 1e-2, _rel(a, b)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         assert _rel(quack(x), plain(x)) == 0
+
+
+@pytest.mark.parametrize("backbone,pe", [("transformer", "rope"), ("gla", "nope"), ("gated_deltanet", "nope")])
+def test_graphed_trunk_replays_the_eager_hidden_states(backbone, pe):
+    """evals/harness.py's GraphedTrunk (lm_eval.cuda_graphs) against the model's eager hidden_states, under the
+    forward's bf16 autocast, at two batch shapes called in turn (one graph each, sharing one memory pool): the same
+    kernels in the same order, so equal to bf16 rounding; a shape seen before is replayed, not captured again."""
+    from duality.evals.harness import GraphedTrunk
+    from duality.hf import DualityConfig, DualityForCausalLM
+    torch.manual_seed(0)
+    config = DualityConfig(backbone={"name": backbone}, pe={"name": pe}, model=dict(SMALL), vocab_size=512,
+                           eos_token_id=0, pad_token_id=0, bos_token_id=0)
+    model = DualityForCausalLM(config).cuda().eval()
+    trunk = GraphedTrunk(model)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    shapes = [(4, 128), (2, 192), (4, 128), (2, 192), (4, 128)]
+    for shape in shapes:
+        x = torch.randint(0, 512, shape, device="cuda", generator=g)
+        want = model.hidden_states(x)
+        got = trunk(x)
+        assert got.shape == (*shape, SMALL["d_model"]) and got.dtype == want.dtype
+        assert _rel(got, want) < 1e-2, (shape, _rel(got, want))
+    assert sorted(trunk.graphs) == [(2, 192), (4, 128)]

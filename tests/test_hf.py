@@ -128,6 +128,23 @@ def test_right_padding_leaves_each_rows_logits_unchanged():
     torch.testing.assert_close(full[1, :6], alone[0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("backbone,pe,tie", [("transformer", "xl", False), ("gla", "selective_rope", True)])
+def test_hidden_states_and_logits_at_give_the_forwards_logits_at_any_positions(backbone, pe, tie):
+    """hidden_states then logits_at on some (row, position) pairs (what the batched lm-eval scorer runs) equal the
+    forward's logits there, tied embeddings or not; a compress head has no per-token hidden state."""
+    m = make(backbone, pe, tie_embeddings=tie)
+    idx = torch.randint(0, EOT, (3, 11))
+    rows, pos = torch.tensor([0, 2, 2, 1]), torch.tensor([10, 0, 7, 3])
+    with torch.no_grad():
+        want = m(idx).logits[rows, pos]
+    h = m.hidden_states(idx)
+    assert h.shape == (3, 11, SIZE["d_model"]) and not h.requires_grad
+    torch.testing.assert_close(m.logits_at(h[rows, pos]), want, rtol=1e-12, atol=1e-12)
+    compress = make("gla", "nope", head="compress")
+    with pytest.raises(ValueError, match="head=compress decodes a whole sequence"):
+        compress.hidden_states(idx)
+
+
 def test_labels_give_the_shifted_next_token_loss():
     m = make("transformer", "alibi")
     idx = torch.randint(0, EOT, (2, 12))
