@@ -2,6 +2,7 @@
 
     python -m duality.evals.harness --model hf --model_args pretrained=EXPORT_DIR --tasks lambada_openai,piqa
     python -m duality.evals.harness --model hf-batched ...                 # the same, scored a batch at a time
+    python -m duality.evals.harness --model hf-batched --model_args pretrained=DIR,cuda_graphs=True ...   # GPU
     python eval.py ckpt=RUN mode=lm_eval                                   # seed 004's task set + wikitext
     python eval.py ckpt=RUN mode=lm_eval 'lm_eval.tasks=[my_task]' lm_eval.include_path=my_tasks/
 
