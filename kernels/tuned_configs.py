@@ -16,8 +16,14 @@ plain `triton.autotune`), and `configure_fla_cache_autotune()` would have to run
 FLA's own package `__init__` makes impossible. The files stay readable by FLA's loader for its own kernels:
 `FLA_CONFIG_DIR=kernels/configs/<GPU> FLA_CACHE_MODE=strict`.
 
+A key this GPU's folder lacks is taken from the shipped folder of another GPU with the same compute capability
+(CAPABILITY): the same instruction set and shared memory per SM, so the same configs compile and fit, tuned on a
+sibling rather than here (a fresh H200 then times no config for a shape only the H100 was tuned at). Such keys are
+counted apart (counts["borrowed_keys"]) and never dumped as this GPU's own.
+
 Switches (environment): `DUALITY_KERNEL_CONFIGS=off` disables seeding (autotune as FLA does);
-`DUALITY_KERNEL_CONFIGS=<folder or GPU name>` uses another folder (e.g. the H100's files on a similar GPU).
+`DUALITY_KERNEL_CONFIGS=<folder or GPU name>` uses that folder alone (e.g. to tune what this GPU's folder lacks
+rather than borrow it).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ ENV = "DUALITY_KERNEL_CONFIGS"
 DUMP_ENV = "DUALITY_TUNE_OUT"  # a folder: runs write what they autotuned under it (scripts/tune_kernels.py --merge)
 
 _created: list = []  # every autotuner made since install(): what dump() writes
-counts = {"seeded_kernels": 0, "seeded_keys": 0, "benchmarks": 0}  # benchmarks: configs timed by autotuning here
+counts = {"seeded_kernels": 0, "seeded_keys": 0, "borrowed_keys": 0,  # borrowed: seeded from a sibling GPU's folder
+          "benchmarks": 0}  # benchmarks: configs timed by autotuning here
+# each shipped folder's compute capability (tests/test_tuned_configs.py checks every folder is listed)
+CAPABILITY = {"NVIDIA_H100_80GB_HBM3": (9, 0), "NVIDIA_H200": (9, 0)}
 _files: dict[Path, dict] = {}
 
 
@@ -69,6 +78,22 @@ def _config_dir(choice: str) -> Path | None:
     name = gpu_name()
     d = None if name is None else CONFIG_ROOT / name
     return d if d is not None and d.is_dir() else None
+
+
+def config_dirs() -> list[Path]:
+    """The folders seeding reads, in order: config_dir(), then, where the folder was not chosen by $ENV, the shipped
+    folders of the other GPUs with this GPU's compute capability (for the keys the first lacks)."""
+    own = config_dir()
+    if os.environ.get(ENV) or gpu_name() is None:
+        return [own] if own else []
+    import torch
+    return ([own] if own else []) + siblings(gpu_name(), torch.cuda.get_device_capability())
+
+
+def siblings(name: str, capability: tuple) -> list[Path]:
+    """The shipped folders of GPUs other than `name` with this compute capability, in CAPABILITY's order."""
+    return [CONFIG_ROOT / n for n, c in CAPABILITY.items()
+            if n != name and tuple(c) == tuple(capability) and (CONFIG_ROOT / n).is_dir()]
 
 
 def key_hash(key) -> str:
@@ -111,20 +136,29 @@ def _file(folder: Path, name: str) -> dict:
     return _files[path]
 
 
-def seed(tuner, folder: Path | None) -> int:
-    """Put the shipped entries for this autotuner's kernel into its cache; returns how many keys were seeded."""
-    if folder is None or len(tuner.configs) < 2:
+def seed(tuner, folders) -> int:
+    """Put the shipped entries for this autotuner's kernel into its cache, from a folder or a list of them (a key
+    from the first that has it; keys from all but the first are the tuner's `_duality_borrowed`); returns how many
+    keys were seeded."""
+    folders = [f for f in (folders if isinstance(folders, (list, tuple)) else [folders]) if f is not None]
+    if not folders or len(tuner.configs) < 2:
         return 0
     name, module = _kernel(tuner)
-    n = 0
-    for entry in _file(folder, name).get("autotune_entries", {}).values():
-        if entry.get("module", module) != module:
-            continue  # another kernel of the same name
-        cfg = next((c for c in tuner.configs if _same(c, entry["config"])), None)
-        if cfg is not None:  # a config this FLA version no longer offers is re-tuned instead
-            tuner.cache[_tuple(entry["autotune_key"])] = cfg
-            n += 1
+    n, borrowed = 0, set()
+    for i, folder in enumerate(folders):
+        for entry in _file(folder, name).get("autotune_entries", {}).values():
+            key = _tuple(entry["autotune_key"])
+            if entry.get("module", module) != module or key in tuner.cache:
+                continue  # another kernel of the same name, or a key an earlier folder gave
+            cfg = next((c for c in tuner.configs if _same(c, entry["config"])), None)
+            if cfg is not None:  # a config this FLA version no longer offers is re-tuned instead
+                tuner.cache[key] = cfg
+                n += 1
+                if i:
+                    borrowed.add(key)
+    tuner._duality_borrowed = borrowed
     counts["seeded_keys"] += n
+    counts["borrowed_keys"] += len(borrowed)
     counts["seeded_kernels"] += n > 0
     return n
 
@@ -139,7 +173,7 @@ def install():
     def __init__(self, *args, **kwargs):  # the folder is resolved here: FLA's import has initialised CUDA by now
         init(self, *args, **kwargs)
         track(self)
-        seed(self, config_dir())
+        seed(self, config_dirs())
 
     __init__._duality = True
     Autotuner.__init__ = __init__
@@ -149,7 +183,7 @@ def install():
                 obj = obj.fn
             if isinstance(obj, Autotuner) and obj not in _created:
                 track(obj)
-                seed(obj, config_dir())
+                seed(obj, config_dirs())
 
 
 def track(tuner):
@@ -194,8 +228,8 @@ def dump_requested(name: str) -> int:
 
 
 def dump(folder: Path) -> int:
-    """Merge every autotuner's cache (what this process tuned or was seeded with) into folder/<kernel>.json.
-    Returns the number of entries added."""
+    """Merge every autotuner's cache (what this process tuned or was seeded with, not what it borrowed from a
+    sibling GPU's folder) into folder/<kernel>.json. Returns the number of entries added."""
     by_name: dict[str, dict] = {}
     for t in _created:
         if len(t.configs) < 2:
@@ -203,6 +237,8 @@ def dump(folder: Path) -> int:
         name, module = _kernel(t)
         entries = by_name.setdefault(name, {})
         for key, cfg in t.cache.items():
+            if key in getattr(t, "_duality_borrowed", ()):
+                continue
             h = key_hash(key)
             if h in entries and entries[h]["module"] != module:
                 h = f"{h}@{module}"  # two kernels of one name with the same key

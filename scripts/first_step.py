@@ -36,7 +36,8 @@ def child(case: str, size: str, seq: int, compiled: bool, overrides=()):
     import duality.kernels.tuned_configs as tc
     row = measure(case, size, seq, compiled, steps=2, warmup=1, overrides=overrides)
     row.update(configs=str(tc.config_dir()), configs_timed=tc.counts["benchmarks"],
-               seeded_keys=tc.counts["seeded_keys"], device=torch.cuda.get_device_name())
+               seeded_keys=tc.counts["seeded_keys"], borrowed_keys=tc.counts["borrowed_keys"],
+               device=torch.cuda.get_device_name())
     print("ROW " + json.dumps(row), flush=True)
     tc.dump_requested(case.replace("+", "_"))  # what this case autotuned, for `tune_kernels.py --merge`
 

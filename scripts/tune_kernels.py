@@ -115,6 +115,9 @@ def main():
         os.environ["DUALITY_KERNEL_CONFIGS"] = "off"
     import duality.kernels.tuned_configs as tc
     out = a.out or tc.CONFIG_ROOT / (tc.gpu_name() or "cpu")
+    own = tc.CONFIG_ROOT / (tc.gpu_name() or "cpu")
+    if not os.environ.get(tc.ENV):  # this GPU's own folder alone: what it lacks is tuned, not borrowed from a sibling
+        os.environ[tc.ENV] = str(own) if own.is_dir() else "off"  # (the workers inherit it)
     if a.merge is not None:
         print(f"{merge(a.merge, out)} entries added to {out}")
         return

@@ -109,3 +109,57 @@ def test_unknown_folder_is_named(monkeypatch):
     monkeypatch.setenv(tc.ENV, "NO_SUCH_GPU")
     with pytest.raises(FileNotFoundError, match="NO_SUCH_GPU: no such folder; shipped:"):
         tc.config_dir()
+
+
+def _entries(*keyed):
+    """write_entries' input for add_one: (key, its config's index in make_kernel's candidates) pairs."""
+    configs = make_kernel().configs
+    return {tc.key_hash(k): {"autotune_key": list(k), "module": __name__, "config": tc._config_dict(configs[i])}
+            for k, i in keyed}
+
+
+def test_a_sibling_gpus_folder_fills_the_keys_this_gpus_lacks_and_is_never_dumped_as_its_own(tmp_path, monkeypatch):
+    """Seeding from [this GPU's folder, a sibling's]: a key in both takes this GPU's config, a key only the sibling
+    has is seeded too but counted as borrowed, and dump() leaves it out (it was not tuned here)."""
+    monkeypatch.setattr(tc, "_created", [])
+    own, sibling = tmp_path / "own", tmp_path / "sibling"
+    other = (64, "torch.float32", "torch.float32")
+    tc.write_entries(own, "add_one", _entries((KEY, 1)))
+    tc.write_entries(sibling, "add_one", _entries((KEY, 0), (other, 0)))
+    k = make_kernel()  # no $ENV and no GPU: seeded from nothing at creation
+    assert not k.cache
+    before = dict(tc.counts)
+    assert tc.seed(k, [own, sibling]) == 2
+    assert k.cache[KEY] is k.configs[1] and k.cache[other] is k.configs[0] and k._duality_borrowed == {other}
+    assert tc.counts["borrowed_keys"] - before["borrowed_keys"] == 1
+    assert tc.counts["seeded_keys"] - before["seeded_keys"] == 2
+    out = tmp_path / "dumped"
+    assert tc.dump(out) == 1
+    entries = json.loads((out / "add_one.json").read_text())["autotune_entries"].values()
+    assert [e["autotune_key"] for e in entries] == [list(KEY)]
+
+
+def test_siblings_are_the_shipped_folders_of_the_same_compute_capability(tmp_path, monkeypatch):
+    for name in ("A", "B", "C"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setattr(tc, "CONFIG_ROOT", tmp_path)
+    monkeypatch.setattr(tc, "CAPABILITY", {"A": (9, 0), "B": (9, 0), "C": (8, 0), "D": (9, 0)})  # D: not shipped
+    assert tc.siblings("A", (9, 0)) == [tmp_path / "B"]
+    assert tc.siblings("H100_PCIe", (9, 0)) == [tmp_path / "A", tmp_path / "B"]  # a GPU with no folder of its own
+    assert tc.siblings("A", (8, 0)) == [tmp_path / "C"] and tc.siblings("A", (12, 0)) == []
+    # this GPU's folder first, then its siblings; a folder named in $ENV is used alone
+    monkeypatch.setattr(tc, "gpu_name", lambda: "A")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.delenv(tc.ENV, raising=False)
+    tc._config_dir.cache_clear()
+    try:
+        assert tc.config_dirs() == [tmp_path / "A", tmp_path / "B"]
+        monkeypatch.setenv(tc.ENV, "C")
+        assert tc.config_dirs() == [tmp_path / "C"]
+    finally:
+        tc._config_dir.cache_clear()
+
+
+def test_every_shipped_folder_names_its_compute_capability():
+    shipped = sorted(p.name for p in tc.CONFIG_ROOT.iterdir() if p.is_dir())
+    assert shipped and set(shipped) <= set(tc.CAPABILITY), f"add {set(shipped) - set(tc.CAPABILITY)} to CAPABILITY"
