@@ -104,8 +104,7 @@ def batched_hflm():
     class BatchedHFLM(HFLM):
         def __init__(self, *args, cuda_graphs: bool = False, **kwargs):
             super().__init__(*args, **kwargs)
-            own = callable(getattr(self.model, "hidden_states", None)) and callable(getattr(self.model, "logits_at",
-                                                                                            None))
+            own = all(callable(getattr(self.model, n, None)) for n in ("hidden_states", "logits_at"))  # hf.py's
             if cuda_graphs and not (own and self.device.type == "cuda" and self.backend == "causal"):
                 raise ConfigError(f"cuda_graphs=True needs this repo's model (hf.py) on a CUDA device; got "
                                   f"{type(self.model).__name__} on {self.device}")

@@ -136,11 +136,10 @@ def _file(folder: Path, name: str) -> dict:
     return _files[path]
 
 
-def seed(tuner, folders) -> int:
-    """Put the shipped entries for this autotuner's kernel into its cache, from a folder or a list of them (a key
-    from the first that has it; keys from all but the first are the tuner's `_duality_borrowed`); returns how many
-    keys were seeded."""
-    folders = [f for f in (folders if isinstance(folders, (list, tuple)) else [folders]) if f is not None]
+def seed(tuner, folders: list[Path]) -> int:
+    """Put the shipped entries for this autotuner's kernel into its cache from these folders (a key from the first
+    that has it; keys from all but the first are the tuner's `_duality_borrowed`); returns how many keys were
+    seeded."""
     if not folders or len(tuner.configs) < 2:
         return 0
     name, module = _kernel(tuner)

@@ -73,11 +73,11 @@ class ModelConfig:
     norm: str = "rms"  # rms | layer
     embed_dropout: float = 0.0  # dropout on x_0 while training (Zoology's 0.1)
     layer_mixers: list[str] | None = None  # per layer, cycled: "backbone" or a backbone name (see above)
-    # loss by chunks of tokens, never holding the [B, T, V] logits (kernels/linear_ce/): 20% less peak memory for
-    # the 124m model at 32 x 1024 tokens, 3% slower under torch.compile on an H100 (docs/throughput)
     # the SwiGLU's kernels: inductor (PyTorch, fused by torch.compile) | quack (quack-kernels' GEMMs with the SwiGLU
     # in their epilogues, training on CUDA; SwiGLU says where the PyTorch form runs instead)
     mlp_impl: str = "inductor"
+    # loss by chunks of tokens, never holding the [B, T, V] logits (kernels/linear_ce/): 20% less peak memory for
+    # the 124m model at 32 x 1024 tokens, 3% slower under torch.compile on an H100 (docs/throughput)
     fused_loss: bool = False
     # how each chunk's loss and logit gradient are formed: auto (the Triton kernel on CUDA, else chunked) | triton
     # (kernels/linear_ce/kernel.py: the logits read twice, written once, in bf16) | chunked (PyTorch; under compile,

@@ -114,8 +114,8 @@ def main():
     if a.retune:
         os.environ["DUALITY_KERNEL_CONFIGS"] = "off"
     import duality.kernels.tuned_configs as tc
-    out = a.out or tc.CONFIG_ROOT / (tc.gpu_name() or "cpu")
     own = tc.CONFIG_ROOT / (tc.gpu_name() or "cpu")
+    out = a.out or own
     if not os.environ.get(tc.ENV):  # this GPU's own folder alone: what it lacks is tuned, not borrowed from a sibling
         os.environ[tc.ENV] = str(own) if own.is_dir() else "off"  # (the workers inherit it)
     if a.merge is not None:
