@@ -42,6 +42,17 @@ def test_rope_is_cumulative_rotation_with_constant_increments():
     torch.testing.assert_close(rk, rotate(k, phi[:, :, None, :]), rtol=1e-5, atol=1e-5)
 
 
+def test_rope_frequencies_are_built_once_a_device():
+    """An eager forward asks for theta in every layer: built once per (size, device), not copied to the GPU each time
+    (such a copy breaks CUDA-graph capture: evals/harness.py's GraphedTrunk), and equal to the formula."""
+    rope = RoPE(Dims(32, 4, 8, 64), base=500.0)
+    a, b = rope.frequencies(8, torch.device("cpu")), rope.frequencies(8, "cpu")
+    assert a is b and a.dtype == torch.float64
+    torch.testing.assert_close(a, 500.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8), rtol=0, atol=0)
+    assert rope.frequencies(4, "cpu") is not a and rope.frequencies(4, "cpu").shape == (2,)
+    assert rope.frequencies(8) is not a  # no device: a new tensor on the default device (meta when sizing a model)
+
+
 def test_rope_scores_depend_only_on_distance():
     rope = RoPE(Dims(8, 1, 8, 64))
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)

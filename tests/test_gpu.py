@@ -379,10 +379,13 @@ def test_graphed_trunk_replays_the_eager_hidden_states(backbone, pe):
     trunk = GraphedTrunk(model)
     g = torch.Generator(device="cuda").manual_seed(1)
     shapes = [(4, 128), (2, 192), (4, 128), (2, 192), (4, 128)]
+    captured = {}
     for shape in shapes:
         x = torch.randint(0, 512, shape, device="cuda", generator=g)
         want = model.hidden_states(x)
         got = trunk(x)
+        captured.setdefault(shape, trunk.graphs[shape][0])
         assert got.shape == (*shape, SMALL["d_model"]) and got.dtype == want.dtype
         assert _rel(got, want) < 1e-2, (shape, _rel(got, want))
     assert sorted(trunk.graphs) == [(2, 192), (4, 128)]
+    assert all(trunk.graphs[s][0] is graph for s, graph in captured.items())  # replayed, never captured again

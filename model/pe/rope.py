@@ -20,6 +20,7 @@ class RoPE(PositionalScheme):
     def __init__(self, dims, *, base: float = 10000.0):
         super().__init__(dims)
         self.base = base
+        self._theta = {}  # (dim, device) -> theta there (frequencies)
         # cos and sin of phi_t for the training context, in float64 (exact for float64 models; cast per use), not
         # saved in checkpoints. Positions past it (length extrapolation) are computed on the fly.
         phi = self.angles(dims.max_seq_len, 0, self.rotary_dim(), None, dtype=torch.float64)  # [T, 1, dim/2]
@@ -31,8 +32,15 @@ class RoPE(PositionalScheme):
         (GLA halves it)."""
         if dim % 2:
             raise ValueError(f"pe={self.name} rotates channel pairs: the q/k head size {dim} must be even")
-        theta = rope_frequencies(dim, self.base)  # float64, on the default device (meta when sizing a model)
-        return theta if device is None else theta.to(device)
+        if device is None or torch.compiler.is_compiling():  # float64, on the default device (meta when sizing)
+            theta = rope_frequencies(dim, self.base)
+            return theta if device is None else theta.to(device)
+        # kept per device: an eager forward would otherwise build theta on the CPU and copy it to the GPU in every
+        # layer, a copy that a CUDA graph cannot capture (evals/harness.py's GraphedTrunk)
+        key = (dim, torch.device(device))
+        if key not in self._theta:
+            self._theta[key] = rope_frequencies(dim, self.base).to(device)
+        return self._theta[key]
 
     def angles(self, T: int, offset: int, dim: int, device, positions=None, dtype=torch.float32) -> torch.Tensor:
         """phi [T, 1, dim/2] for positions offset .. offset+T-1, or the given positions [T] (broadcasts over batch
