@@ -174,7 +174,9 @@ def run(cfg) -> dict:
         resolve_ckpt(p)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
-    if cfg.mode == "lm_eval" and cfg.lm_eval.cuda_graphs and device.type != "cuda":
+    if cfg.mode == "lm_eval" and cfg.lm_eval.cuda_graphs not in (True, False, "auto"):
+        raise ConfigError(f"lm_eval.cuda_graphs={cfg.lm_eval.cuda_graphs!r}; valid choices: auto, true, false")
+    if cfg.mode == "lm_eval" and cfg.lm_eval.cuda_graphs is True and device.type != "cuda":
         raise ConfigError(f"lm_eval.cuda_graphs=true needs a CUDA device; this run's is {device} (device={cfg.device})")
     if cfg.mode == "lm_eval":  # the tasks and their data are checked before any model is loaded
         try:

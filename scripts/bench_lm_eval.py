@@ -1,7 +1,8 @@
 """Throughput of lm-eval scoring on this repo's transformers model (hf.py): loglikelihood requests per second through
 the harness's own HFLM and through this repo's batched subclass of it (evals/harness.py), with the largest difference
 between their scores, at several batch sizes; the batched scorer's rate were its forwards all it did (each timed
-alone in one more pass); with --cuda-graphs the same scorer with its trunk replayed from CUDA graphs; and
+alone in one more pass), run eagerly; with --cuda-graphs the same scorer with its trunk replayed from CUDA graphs (its
+default on a GPU); and
 generate_until requests per second.
 
 The requests are the harness's own for evals/local_tasks/pydoc_mc (each example = 4 (context, choice) requests),
@@ -116,7 +117,7 @@ def main():
                 plain = HFLM(pretrained=folder, batch_size=bs, device=str(device))
                 print(f"{name}: HFLM(pretrained=folder) built in {time.perf_counter() - t:.1f} s", flush=True)
             rates, scores = [], []
-            batched = hflm(model, tokenizer, batch_size=bs)
+            batched = hflm(model, tokenizer, batch_size=bs, cuda_graphs=False)  # eager; --cuda-graphs adds the default
             scorers = [plain, batched] + ([hflm(model, tokenizer, batch_size=bs, cuda_graphs=True)]
                                           if args.cuda_graphs else [])
             for lm in scorers:

@@ -246,13 +246,19 @@ def test_lm_eval_errors_name_the_problem(ckpt, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"lm_eval.cuda_graphs=true needs a CUDA device; this run's is cpu"):
         eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", "device=cpu", "lm_eval.cuda_graphs=true",
                               "lm_eval.tasks=[nope]"], "eval"))
+    with pytest.raises(ConfigError, match=r"lm_eval.cuda_graphs='sometimes'; valid choices: auto, true, false"):
+        eval_lib.run(compose([f"ckpt={ckpt}", "mode=lm_eval", "lm_eval.cuda_graphs=sometimes",
+                              "lm_eval.tasks=[nope]"], "eval"))
 
 
 def test_cuda_graphs_need_a_cuda_device_and_this_repos_model(lm):
     """The batched scorer runs this repo's model by hidden_states and logits_at (the head at the scored positions
-    only); cuda_graphs=True on a CPU is refused, naming the device."""
+    only); cuda_graphs=auto (the default) runs it eagerly on a CPU, True is refused there, naming the device, and
+    a value that is none of auto/True/False is refused."""
     from duality.evals.harness import batched_hflm, hflm
     assert lm.trunk == lm.model.hidden_states
+    with pytest.raises(ConfigError, match="cuda_graphs='yes'; valid choices: auto, True, False"):
+        hflm(lm.model, lm.tokenizer, cuda_graphs="yes")
     with pytest.raises(ConfigError, match="cuda_graphs=True needs this repo's model .* on a CUDA device; got "
                                           "DualityForCausalLM on cpu"):
         hflm(lm.model, lm.tokenizer, cuda_graphs=True)

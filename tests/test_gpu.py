@@ -365,11 +365,18 @@ def test_quack_swiglu_matches_the_pytorch_form():
         assert _rel(quack(x), plain(x)) == 0
 
 
-@pytest.mark.parametrize("backbone,pe", [("transformer", "rope"), ("gla", "nope"), ("gated_deltanet", "nope")])
+GRAPHED = ([(b, "nope") for b in BACKBONES] + [("gla", "selective_rope")]
+           + [("transformer", p) for p in ("rope", "alibi", "learned", "learned_rotation", "selective_rope",
+                                            "sinusoidal", "t5", "vo_rope", "xl")])
+
+
+@pytest.mark.parametrize("backbone,pe", GRAPHED)
 def test_graphed_trunk_replays_the_eager_hidden_states(backbone, pe):
-    """evals/harness.py's GraphedTrunk (lm_eval.cuda_graphs) against the model's eager hidden_states, under the
-    forward's bf16 autocast, at two batch shapes called in turn (one graph each, sharing one memory pool): the same
-    kernels in the same order, so equal to bf16 rounding; a shape seen before is replayed, not captured again."""
+    """evals/harness.py's GraphedTrunk (lm_eval.cuda_graphs, on by default on a GPU) against the model's eager
+    hidden_states, every backbone and every scheme of the transformer, under the forward's bf16 autocast, at two
+    batch shapes called in turn (one graph each, sharing one memory pool): the same kernels in the same order, so
+    equal to bf16 rounding; a shape seen before is replayed, not captured again; no fallback (a forward that cannot
+    be captured fails here)."""
     from duality.evals.harness import GraphedTrunk
     from duality.hf import DualityConfig, DualityForCausalLM
     torch.manual_seed(0)
@@ -389,3 +396,28 @@ def test_graphed_trunk_replays_the_eager_hidden_states(backbone, pe):
         assert _rel(got, want) < 1e-2, (shape, _rel(got, want))
     assert sorted(trunk.graphs) == [(2, 192), (4, 128)]
     assert all(trunk.graphs[s][0] is graph for s, graph in captured.items())  # replayed, never captured again
+
+
+def test_graphed_trunk_falls_back_to_eager_where_capture_fails():
+    """cuda_graphs=auto: a forward that cannot be captured (here one that reads a value back to the CPU, a sync)
+    warns once and runs eagerly from then on, with the eager results; without fallback (cuda_graphs=True) it fails."""
+    from duality.evals.harness import GraphedTrunk
+    from duality.hf import DualityConfig, DualityForCausalLM
+    torch.manual_seed(0)
+    config = DualityConfig(backbone={"name": "transformer"}, pe={"name": "rope"}, model=dict(SMALL), vocab_size=512,
+                           eos_token_id=0, pad_token_id=0, bos_token_id=0)
+    model = DualityForCausalLM(config).cuda().eval()
+    eager = model.hidden_states
+
+    def syncing(input_ids):
+        assert float(input_ids.float().mean()) >= 0  # a read-back: legal eagerly, refused while capturing
+        return eager(input_ids)
+    model.hidden_states = syncing
+    x, x2 = torch.randint(0, 512, (2, 64), device="cuda"), torch.randint(0, 512, (3, 128), device="cuda")
+    with pytest.raises(RuntimeError):
+        GraphedTrunk(model)(x)
+    trunk = GraphedTrunk(model, fallback=True)
+    with pytest.warns(UserWarning, match="CUDA graphs off for this model"):
+        got = trunk(x)
+    assert trunk.eager and not trunk.graphs
+    assert torch.equal(got, eager(x)) and torch.equal(trunk(x2), eager(x2))
