@@ -49,30 +49,23 @@ class GraphedTrunk:
     scoring's shapes is bound by the host: 8-30 ms of Python and launches for 3-4 ms of GPU work (H200, 2026-11-27,
     docs/evaluation.md); a replay launches the whole forward at once. Each shape is run once eagerly (kernels
     compiled and autotuned outside the capture), then captured; all graphs share one memory pool, so a replay may
-    overwrite what another shape's replay returned: use each output before the next call. fallback: a model whose
-    forward cannot be captured (a copy from the CPU, a sync) runs eagerly from then on, with one warning, instead of
-    raising."""
+    overwrite what another shape's replay returned: use each output before the next call. A forward that cannot be
+    captured (a copy from the CPU, a read-back) fails naming the way out; it is not retried eagerly, since a failed
+    capture leaves the process's CUDA random generator unusable (seen on an H200, 2026-11-27)."""
 
-    def __init__(self, model, fallback: bool = False):
+    def __init__(self, model):
         if model.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {model.device}")
-        self.model, self.graphs, self.pool, self.fallback, self.eager = model, {}, None, fallback, False
+        self.model, self.graphs, self.pool = model, {}, None
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         shape = tuple(input_ids.shape)
-        if self.eager:
-            return self.model.hidden_states(input_ids)
         if shape not in self.graphs:
             try:
                 self.graphs[shape] = self._capture(input_ids)
             except RuntimeError as e:
-                if not self.fallback:
-                    raise
-                import warnings
-                warnings.warn(f"CUDA graphs off for this model, its forward could not be captured: {e}", stacklevel=2)
-                self.eager = True
-                torch.cuda.synchronize()
-                return self.model.hidden_states(input_ids)
+                raise RuntimeError(f"a CUDA graph could not capture this model's forward ({e}); score it eagerly: "
+                                   "lm_eval.cuda_graphs=false (eval.py) or --model_args ...,cuda_graphs=False") from e
         graph, static_in, static_out = self.graphs[shape]
         static_in.copy_(input_ids)
         graph.replay()
@@ -108,9 +101,9 @@ def batched_hflm():
     gives right padding no influence on the real positions, so the scores are HFLM's (tests/test_eval.py).
     This repo's model (hf.py: hidden_states, logits_at) runs its head only at the continuations' positions, and on a
     GPU its trunk from a CUDA graph per padded shape (GraphedTrunk: 2-5x the eager scorer's requests/s at 124m, H200,
-    docs/evaluation.md). cuda_graphs: "auto" (the default) graphs where it can (this repo's model on a CUDA device,
-    eager for a forward that cannot be captured), True graphs or fails, False runs eagerly (`--model_args
-    ...,cuda_graphs=False`)."""
+    docs/evaluation.md). cuda_graphs: "auto" (the default) graphs this repo's model on a CUDA device (every backbone
+    and scheme captures: tests/test_gpu.py) and runs anything else eagerly, True graphs or fails, False runs eagerly
+    (`--model_args ...,cuda_graphs=False`)."""
     import numpy as np
     import torch.nn.functional as F
     from lm_eval.models.huggingface import HFLM
@@ -127,8 +120,7 @@ def batched_hflm():
                 raise ConfigError(f"cuda_graphs=True needs this repo's model (hf.py) on a CUDA device; got "
                                   f"{type(self.model).__name__} on {self.device}")
             graphs = can and cuda_graphs in (True, "auto")
-            self.trunk = None if not own else (GraphedTrunk(self.model, fallback=cuda_graphs == "auto") if graphs
-                                               else self.model.hidden_states)
+            self.trunk = None if not own else GraphedTrunk(self.model) if graphs else self.model.hidden_states
 
         def _forward(self, inp, row_of, pos):
             """The logits [tokens, V] at rows row_of, positions pos of the padded batch inp: this repo's model runs

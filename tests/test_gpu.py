@@ -398,26 +398,24 @@ def test_graphed_trunk_replays_the_eager_hidden_states(backbone, pe):
     assert all(trunk.graphs[s][0] is graph for s, graph in captured.items())  # replayed, never captured again
 
 
-def test_graphed_trunk_falls_back_to_eager_where_capture_fails():
-    """cuda_graphs=auto: a forward that cannot be captured (here one that reads a value back to the CPU, a sync)
-    warns once and runs eagerly from then on, with the eager results; without fallback (cuda_graphs=True) it fails."""
-    from duality.evals.harness import GraphedTrunk
-    from duality.hf import DualityConfig, DualityForCausalLM
-    torch.manual_seed(0)
-    config = DualityConfig(backbone={"name": "transformer"}, pe={"name": "rope"}, model=dict(SMALL), vocab_size=512,
-                           eos_token_id=0, pad_token_id=0, bos_token_id=0)
-    model = DualityForCausalLM(config).cuda().eval()
-    eager = model.hidden_states
-
-    def syncing(input_ids):
-        assert float(input_ids.float().mean()) >= 0  # a read-back: legal eagerly, refused while capturing
-        return eager(input_ids)
-    model.hidden_states = syncing
-    x, x2 = torch.randint(0, 512, (2, 64), device="cuda"), torch.randint(0, 512, (3, 128), device="cuda")
-    with pytest.raises(RuntimeError):
-        GraphedTrunk(model)(x)
-    trunk = GraphedTrunk(model, fallback=True)
-    with pytest.warns(UserWarning, match="CUDA graphs off for this model"):
-        got = trunk(x)
-    assert trunk.eager and not trunk.graphs
-    assert torch.equal(got, eager(x)) and torch.equal(trunk(x2), eager(x2))
+def test_graphed_trunk_names_the_way_out_where_capture_fails():
+    """A forward that cannot be captured (here one that reads a value back to the CPU, legal eagerly) fails naming
+    lm_eval.cuda_graphs=false. In its own process: a failed capture leaves the CUDA random generator unusable."""
+    import subprocess
+    import sys
+    code = (
+        "import torch\n"
+        "from duality.evals.harness import GraphedTrunk\n"
+        "from duality.hf import DualityConfig, DualityForCausalLM\n"
+        f"config = DualityConfig(backbone={{'name': 'transformer'}}, pe={{'name': 'rope'}}, model={SMALL!r}, "
+        "vocab_size=512, eos_token_id=0, pad_token_id=0, bos_token_id=0)\n"
+        "model = DualityForCausalLM(config).cuda().eval()\n"
+        "eager = model.hidden_states\n"
+        "model.hidden_states = lambda ids: eager(ids) if float(ids.float().mean()) >= 0 else None\n"
+        "x = torch.randint(0, 512, (2, 64), device='cuda')\n"
+        "assert torch.equal(model.hidden_states(x), eager(x))\n"
+        "GraphedTrunk(model)(x)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "RuntimeError: a CUDA graph could not capture this model's forward" in p.stderr, p.stderr[-2000:]
+    assert "lm_eval.cuda_graphs=false (eval.py) or --model_args ...,cuda_graphs=False" in p.stderr
