@@ -34,10 +34,13 @@ FIRST_STEP = DOCS / "gpu/first_step_h100.json"
 FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
 FIRST_STEP_BLOCKS = DOCS / "gpu/first_step_h100_blocks_2026-11-27.json"
 FIRST_STEP_H200_BLOCKS = DOCS / "gpu/first_step_h200_blocks_2026-11-27.json"
+FIRST_STEP_H200_FRESH = DOCS / "gpu/first_step_h200_fresh_2026-11-27.json"
+GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
-                                                                    "h100_2026-11-27_0aa552c", "h200_2026-11-27")]
+                                                                    "h100_2026-11-27_0aa552c", "h200_2026-11-27",
+                                                                    "h200_2026-11-27_graphs")]
 COMPILE_SCOPE = [DOCS / "throughput/compile_scope_h100_2026-11-27.json",
                  DOCS / "throughput/compile_scope_cpu_2026-11-27.json"]
 LONGEST = DOCS / "memory/longest_65536_h100_2026-11-25.json"
@@ -155,9 +158,11 @@ def quack_swiglu_table() -> str:
 
 def lm_eval_bench_table() -> str:
     """bench_lm_eval.py beside the old adapter's bench, one or two rounds a record: requests/s of the three scorers,
-    and where a record timed them, the two benches' forwards alone (each forward synchronised and timed)."""
+    where a record timed them the two benches' eager forwards alone (each forward synchronised and timed), and the
+    batched scorer with CUDA graphs (its default on a GPU since 2026-11-27)."""
     lines = ["| device, date, code | model | batch | loglikelihood req/s: HFLM / batched / adapter (each round) | "
-             "batched / adapter | forwards alone, req/s: batched / adapter |", "|---|---|---|---|---:|---:|"]
+             "batched / adapter | forwards alone, req/s: batched / adapter | batched + CUDA graphs, req/s "
+             "(/ adapter) |", "|---|---|---|---|---:|---:|---:|"]
     for rec in map(load, LM_EVAL_BENCH):
         where = f"{short_device(rec['device'])}, {rec['date']}, {rec['code']}"
         for model, batch in dict.fromkeys((r["model"], r["batch"]) for r in rec["rows"]):
@@ -168,7 +173,9 @@ def lm_eval_bench_table() -> str:
             spread = f"{ratios[0]:.2f}" + (f"–{ratios[-1]:.2f}" if len(ratios) > 1 else "")
             alone = " and ".join(f"{r['batched_forward_req_s']:,.0f} / {r['adapter_forward_req_s']:,.0f}"
                                  for r in rs if "adapter_forward_req_s" in r) or "–"
-            lines.append(f"| {where} | {model} | {batch} | {rounds} | {spread} | {alone} |")
+            graphed = " and ".join(f"{r['graphed_req_s']:,.0f} ({r['graphed_req_s'] / r['adapter_req_s']:.1f}×)"
+                                   for r in rs if "graphed_req_s" in r) or "–"
+            lines.append(f"| {where} | {model} | {batch} | {rounds} | {spread} | {alone} | {graphed} |")
     return "\n".join(lines)
 
 
@@ -342,13 +349,25 @@ def summary_table() -> str:
                  f"{short_device(lg['device'])}, {lg['date']}", "docs/memory/README.md"))
     for path, how in ((FIRST_STEP, "compiled whole"), (FIRST_STEP_H200, "compiled whole"),
                       (FIRST_STEP_BLOCKS, "compiled block by block, the default since"),
-                      (FIRST_STEP_H200_BLOCKS, "compiled block by block")):
+                      (FIRST_STEP_H200_FRESH, "compiled block by block, the default since")):
         fs = load(path)
         firsts = [r["first_step_s"] for r in fs["rows"]]
         rows.append((f"First compiled step of a fresh process, shipped kernel configs (370m/4096, {how})",
                      f"{min(firsts):.0f}–{max(firsts):.0f} s over {len(firsts)} cases, "
                      f"{sum(r['configs_timed'] for r in fs['rows'])} configs timed",
                      f"{short_device(rows_device(fs))}, {rows_date(fs)}", "docs/gpu/README.md"))
+    gt = load(GPU_TEST_H200)
+    last = gt["runs"][-1]
+    rows.append(("`make gpu-test` on a bare machine (the GPU group, 8 workers)",
+                 f"{last['passed']} passed, {last['failed']} failed, {last['skipped']} skipped in "
+                 f"{last['pytest_s']:.0f} s", f"{short_device(gt['device'])}, {gt['date']}", "docs/gpu/README.md"))
+    lm = load(LM_EVAL_BENCH[-1])
+    graphed = [r["graphed_req_s"] / r["adapter_req_s"] for r in lm["rows"]]
+    rates = [r["graphed_req_s"] for r in lm["rows"]]
+    rows.append((f"lm-eval loglikelihood scoring, {lm['size']} at batch 16 and 64 (the default scorer, CUDA graphs, "
+                 "against the old adapter)", f"{min(graphed):.1f}–{max(graphed):.1f}× its requests/s "
+                 f"({min(rates):,.0f}–{max(rates):,.0f}), scores equal to the eager scorer's",
+                 f"{short_device(lm['device'])}, {lm['date']}", "docs/evaluation.md"))
     mg = load(MULTI_GPU)
     ddp, fsdp = mg["scaling"]["scale_gpu2_ddp"], mg["scaling"]["scale_gpu2_fsdp"]
     rows.append(("2 GPUs against 1, 124m (DDP / FSDP2)",
@@ -396,7 +415,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "vs_fla": vs_fla_table, "first_step": first_step_table,
           "first_step_h200": lambda: first_step_table(FIRST_STEP_H200), "compile_scope": compile_scope_table,
           "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS),
-          "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS), "loss_kernel": loss_kernel_table,
+          "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS),
+          "first_step_h200_fresh": lambda: first_step_table(FIRST_STEP_H200_FRESH), "loss_kernel": loss_kernel_table,
           "quack_swiglu": quack_swiglu_table,
           "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
