@@ -86,7 +86,7 @@ def run(cfg) -> dict:
         bar = tqdm(total=steps, initial=start, disable=not (rt.master and t.progress), unit="step",
                    dynamic_ncols=True, file=sys.stdout)
         say = lambda step, msg: rt.master and bar.write(f"step {step:6d} | {msg}")  # noqa: E731
-        profiler = Profiler(t.profile_steps, out_dir, rt.master, rt.device) if t.profile_steps else None
+        profiler = Profiler(t, out_dir, rt) if t.profile_steps else None
         guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, start, wandb_id=logger.run_id)
         result, paused, done = {}, False, start
 

@@ -76,6 +76,7 @@ def test_unknown_group_option_lists_choices():
     ("resume=/nonexistent.pt", "not a checkpoint file"),
     ("train.steps=0", "steps"),
     ("train.profile_steps=-1", "integer >= 0"),
+    ("train.profile_after=-2", r"train.profile_after=-2: the steps before profiling, an integer >= 0"),
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
     ("train.fsdp_reshard=sometimes", "train.fsdp_reshard='sometimes'; valid choices: auto, true, false"),
     ("train.compile_mode=fast", r"valid choices: \['default', 'max-autotune-no-cudagraphs'"),
@@ -207,13 +208,17 @@ def test_fused_loss_trains_like_the_plain_loss_and_the_profiler_writes_its_table
     common = ["train.steps=6", "optim.warmup=2"]
     plain = train_lib.run(compose(tiny_overrides(tmp_path / "a", data_cache, *common)))
     fused = train_lib.run(compose(tiny_overrides(tmp_path / "b", data_cache, *common, "model.fused_loss=true",
-                                                 "train.profile_steps=2")))
+                                                 "train.profile_steps=2", "train.profile_after=2")))
     a, b = _losses(tmp_path / "a"), _losses(tmp_path / "b")
     assert sorted(a) == sorted(b) == list(range(1, 7))
     assert all(b[s] == pytest.approx(a[s], rel=1e-5) for s in a), (a, b)
     assert fused["val_loss"] == pytest.approx(plain["val_loss"], rel=1e-5)
     ops = (tmp_path / "b" / "profile" / "ops.txt").read_text()
-    assert "aten::mm" in ops and (tmp_path / "b" / "profile" / "trace.json").stat().st_size > 0
+    assert "aten::mm" in ops
+    trace = json.loads((tmp_path / "b" / "profile" / "trace.json").read_text())["traceEvents"]
+    # the two steps after the first two (train.profile_after=2), and no other
+    assert {e["name"] for e in trace if e.get("name", "").startswith("ProfilerStep#")} == {"ProfilerStep#2",
+                                                                                           "ProfilerStep#3"}
 
 
 def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):

@@ -194,6 +194,8 @@ def check_config(cfg, world: int = 1) -> dict:
               "scripts/frozen_weights.py checks a run)", file=sys.stderr)
     if not isinstance(t.get("profile_steps", 0), int) or t.get("profile_steps", 0) < 0:
         raise ConfigError(f"train.profile_steps={t.profile_steps!r}: the number of steps to profile, an integer >= 0")
+    if not isinstance(t.get("profile_after", 3), int) or t.get("profile_after", 3) < 0:
+        raise ConfigError(f"train.profile_after={t.profile_after!r}: the steps before profiling, an integer >= 0")
     if t.get("nonfinite", "stop") not in NONFINITE:
         raise ConfigError(f"train.nonfinite={t.nonfinite!r}; valid choices: {list(NONFINITE)}")
     if t.get("activation_checkpointing", "none") not in AC_MODES:
