@@ -6,13 +6,15 @@
 #   scaling  40 steps of 262,144-token batches (the embedded corpus holds 496 windows, fewer than the recipe's 512):
 #            tokens/s on SCALE_GPUS (default 2) GPUs with DDP and FSDP2 (parameters kept gathered through the
 #            micro-batches, train.fsdp_reshard=auto, and re-gathered for each, =true), then on 1 GPU (accum 8)
+#   profile  DDP and FSDP2 on SCALE_GPUS GPUs as in scaling, 3 steps traced at steady state (after 28), each trace
+#            summarised by scripts/trace_summary.py (exposed communication, the costliest kernels)
 #   dcp      sharded checkpoints (torch.distributed.checkpoint), fp32: 60 steps on 2 GPUs FSDP2, then its step-30
 #            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
 #   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
 #   longest  the longest GLA sequence (370m, bf16, full activation checkpointing) that trains one step on 1, 2 and 4
 #            GPUs, one sequence split over them (scripts/longest_cp.py): a ladder by GPU memory, tried in order;
 #            CASE=gated_deltanet+nope (bench_train's cases) another model, DOCS=8192 packed documents of that mean length
-# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|dcp|cp|longest|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
+# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|profile|dcp|cp|longest|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
 set -uo pipefail
 out=${1:?usage: multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]}
 mode=${2:-all}
@@ -53,6 +55,16 @@ if [[ $mode == scaling || $mode == all ]]; then
   run scale_gpu${n}_fsdp $n $c train.strategy=fsdp
   run scale_gpu${n}_fsdp_reshard $n $c train.strategy=fsdp train.fsdp_reshard=true  # re-gathered every micro-batch
   run scale_gpu1 1 $c
+fi
+if [[ $mode == profile ]]; then
+  c="train.steps=40 train.global_batch_tokens=262144 train.log_interval=10 train.ckpt_interval=100000
+     train.profile_steps=3 train.profile_after=28"
+  n=${SCALE_GPUS:-2}
+  for s in ddp fsdp; do
+    run profile_gpu${n}_$s $n $c train.strategy=$s
+    python3 scripts/trace_summary.py /tmp/mg/profile_gpu${n}_$s/profile/trace.json \
+      --json "$out/profile_gpu${n}_$s.summary.json" | tee "$out/profile_gpu${n}_$s.summary.txt"
+  done
 fi
 if [[ $mode == dcp ]]; then
   c="train.steps=60 train.global_batch_tokens=65536 train.log_interval=1 train.ckpt_interval=30 train.keep_checkpoints=3

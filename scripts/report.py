@@ -36,6 +36,7 @@ FIRST_STEP_BLOCKS = DOCS / "gpu/first_step_h100_blocks_2026-11-27.json"
 FIRST_STEP_H200_BLOCKS = DOCS / "gpu/first_step_h200_blocks_2026-11-27.json"
 FIRST_STEP_H200_FRESH = DOCS / "gpu/first_step_h200_fresh_2026-11-27.json"
 GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-27.json"
+FSDP2_PROFILE = DOCS / "multi_gpu/fsdp2_profile_4xh200_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
@@ -378,6 +379,12 @@ def summary_table() -> str:
     ddp4, fsdp4 = s4["runs"]["scale_gpu4_ddp"], s4["runs"]["scale_gpu4_fsdp"]
     rows.append(("4 GPUs against 1, 124m (DDP / FSDP2)", f"{ddp4['speedup']:.2f}× / {fsdp4['speedup']:.2f}×; FSDP2 at "
                  f"{fsdp4['x_ddp']:.0%} of DDP", f"{short_device(s4['device'])}, {s4['date']}",
+                 "docs/multi_gpu/README.md"))
+    fp = load(FSDP2_PROFILE)
+    rows.append(("FSDP2 against DDP on 4 GPUs, 124m, profiled at steady state",
+                 f"{fp['ratio']:.0%} of DDP's tokens/s; {fp['profile']['fsdp']['nccl_exposed_ms']:.1f} ms a step of "
+                 f"communication with no compute beside it, against {fp['profile']['ddp']['nccl_exposed_ms']:.1f}",
+                 f"{short_device(fp['device'])}, {fp['date']}",
                  "docs/multi_gpu/README.md"))
     cp = [s for s in load(CP_LONGEST[-1])["summary"] if s["case"] == "gla+nope"]
     one, most = cp[0], cp[-1]
