@@ -173,7 +173,7 @@ def build(case: str, size: str, seq: int, vocab: int, overrides=(), compiled: bo
 
 
 def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Path | None = None, overrides=(),
-            tokens: int | None = None):
+            tokens: int | None = None, float8: str | None = None):
     model_name, default_tokens, vocab = SETTINGS[size]
     B = max(1, (tokens or default_tokens) // seq)
     torch._dynamo.reset()
@@ -183,6 +183,8 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     torch.manual_seed(0)
     model, optim_cfg, compile_ = build(case, model_name, seq, vocab, overrides, compiled)
     model = model.to(device)
+    if float8:
+        float8_linears(model, float8)
     optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     train_model = compile_(model) if compiled else model
@@ -230,6 +232,16 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
            "loss": float(loss)}
     del model, optimizer, train_model, data
     return row
+
+
+def float8_linears(model, recipe: str):
+    """torchao's float8 training (recipe: tensorwise or rowwise scaling) on every Linear of the trunk whose sizes
+    are multiples of 16, as torchtitan converts them; not the head, whose weight the fused loss reads directly. A
+    benchmark option only (--float8): at 370m the casts cost what the float8 matmuls saved (performance issue)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda m, fqn: fqn != "lm_head" and m.in_features % 16 == 0
+                               and m.out_features % 16 == 0)
 
 
 KERNEL_KINDS = [  # (kind, name pattern): the first match wins; what a speed comparison needs to tell apart
@@ -481,6 +493,9 @@ def main():
     ap.add_argument("--compile", choices=["on", "off", "both"], default="both")
     ap.add_argument("--tokens", type=int, help="tokens per step (batch = tokens // context) instead of the "
                     "setting's (124m: 32,768, 370m: 32,768), e.g. 65536 for one 65,536-token step at every context")
+    ap.add_argument("--float8", nargs="+", default=["none"], choices=["none", "tensorwise", "rowwise"],
+                    help="also each case with torchao's float8 training of its Linear layers (case label "
+                         "CASE:float8-RECIPE; this repo's cases only)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--loop", action="store_true", help="measure the training loop's overhead instead")
@@ -530,17 +545,21 @@ def main():
     for setting in args.settings:
         size, seq = setting.split(":")
         for compiled in {"on": [True], "off": [False], "both": [False, True]}[args.compile]:
-            for case in args.cases:
-                if (case, size, int(seq), compiled) in done:
+            for case, f8 in ((c, f) for c in args.cases for f in args.float8
+                             if f == "none" or c in CASES):
+                label = case if f8 == "none" else f"{case}:float8-{f8}"
+                if (label, size, int(seq), compiled) in done:
                     continue
                 try:
                     mode = "compiled" if compiled else "eager"
-                    name = case.replace("+", "-").replace(":", "-")  # '+' and ':' are not portable in file names
+                    name = label.replace("+", "-").replace(":", "-")  # '+' and ':' are not portable in file names
                     prof = out / f"profile_{name}_{size}_{seq}_{mode}{args.tag}.txt"  # --tag: one file per run
                     r = measure(case, size, int(seq), compiled, args.steps, args.warmup,
-                                profile=prof if args.profile else None, overrides=args.set, tokens=args.tokens)
+                                profile=prof if args.profile else None, overrides=args.set, tokens=args.tokens,
+                                float8=None if f8 == "none" else f8)
+                    r["case"] = label
                 except Exception as e:  # noqa: BLE001 -- one failing case (OOM, a kernel limit) must not end the run
-                    r = {"case": case, "size": size, "seq_len": int(seq), "compile": compiled,
+                    r = {"case": label, "size": size, "seq_len": int(seq), "compile": compiled,
                          "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
                     torch.cuda.empty_cache()
                 rows.append(r)
