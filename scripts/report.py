@@ -39,6 +39,7 @@ GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-27.json"
 FSDP2_PROFILE = DOCS / "multi_gpu/fsdp2_profile_4xh200_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
+FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
                                                                     "h100_2026-11-27_0aa552c", "h200_2026-11-27",
                                                                     "h200_2026-11-27_graphs")]
@@ -142,6 +143,20 @@ def loss_kernel_table() -> str:
         lines.append(f"| {case} | {c['ms']:.1f} / {t['ms']:.1f} | {c['peak_mem_gib']:.1f} / {t['peak_mem_gib']:.1f} |")
     cmds = "; ".join(f"`{c}`" for c in [p["command"] for p in rec["loss"]] + rec["step_commands"])
     return "\n".join(lines) + f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}: {cmds}."
+
+
+def float8_table() -> str:
+    """bench_train.py --float8's record: each case in bf16 and with float8 Linear layers, and the ratio."""
+    rec = load(FLOAT8)
+    base = {r["case"]: r for r in rec["rows"] if ":float8-" not in r["case"]}
+    lines = ["| case (size/context, compiled) | tokens a step | ms a step | MFU | × bf16 | peak GiB |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rec["rows"]:
+        b = base[r["case"].split(":float8-")[0]]
+        lines.append(f"| {r['case']} ({r['size']}/{r['seq_len']}) | {r['batch'] * r['seq_len']:,} | {r['ms']:.1f} | "
+                     f"{r['mfu']:.3f} | {b['ms'] / r['ms']:.2f} | {r['peak_mem_gib']:.1f} |")
+    return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, "
+                               f"{rec['packages']}, at {rec['code']}: `{rec['command']}`; {rec['note']}.")
 
 
 def quack_swiglu_table() -> str:
@@ -343,6 +358,13 @@ def summary_table() -> str:
                  f"{'–'.join(dict.fromkeys(f'{x:.1f}' for x in (min(saved), max(saved))))} GiB less peak memory a "
                  f"training step ({len(saved)} backbones)", f"{short_device(lk['device'])}, {lk['date']}",
                  "docs/throughput/README.md"))
+    f8 = load(FLOAT8)
+    by = {r["case"]: r for r in f8["rows"]}
+    bf16, tw = by["transformer+rope"], by["transformer+rope:float8-tensorwise"]
+    rows.append(("float8 training (torchao, tensorwise) of the 1.3B transformer + RoPE's Linear layers",
+                 f"{bf16['ms'] / tw['ms']:.2f}× bf16's step ({tw['ms']:.0f} against {bf16['ms']:.0f} ms, MFU "
+                 f"{tw['mfu']:.2f}); a benchmark option: loss parity not run", f"{short_device(f8['device'])}, "
+                 f"{f8['date']}", "docs/throughput/README.md"))
     lg = load(LONGEST)
     mems = [r["peak_mem_gib"] for r in lg["rows"]]
     rows.append(("One 65,536-token sequence at 370m (full checkpointing, chunked loss)",
@@ -424,7 +446,7 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS),
           "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS),
           "first_step_h200_fresh": lambda: first_step_table(FIRST_STEP_H200_FRESH), "loss_kernel": loss_kernel_table,
-          "quack_swiglu": quack_swiglu_table,
+          "quack_swiglu": quack_swiglu_table, "float8": float8_table,
           "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
