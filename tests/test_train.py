@@ -79,6 +79,8 @@ def test_unknown_group_option_lists_choices():
     ("train.profile_after=-2", r"train.profile_after=-2: the steps before profiling, an integer >= 0"),
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
     ("train.fsdp_reshard=sometimes", "train.fsdp_reshard='sometimes'; valid choices: auto, true, false"),
+    ("train.fsdp_param_dtype=half", "train.fsdp_param_dtype='half'; valid choices: float32, bfloat16"),
+    ("train.fsdp_param_dtype=bfloat16", r"is FSDP2's: it needs train.strategy=fsdp \(got ddp\)"),
     ("train.compile_mode=fast", r"valid choices: \['default', 'max-autotune-no-cudagraphs'"),
     ("model.sparse_loss=true", "needs model.fused_loss=true"),
     ("model.mlp_impl=liger", r"model.mlp_impl='liger'; valid choices: \['inductor', 'quack'\]"),
@@ -384,6 +386,56 @@ def _gathered_rank(rank: int, port: int, reshard: bool, out: str):
         torch.save(sharded, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
+
+
+def _bf16_gather_rank(rank: int, port: int, out: str):
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from duality.model import build_model
+    from duality.trainer.runtime import Runtime
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        seen = {}
+        for dtype in ("float32", "bfloat16"):
+            rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=False, bf16=True,
+                         fsdp_param_dtype=dtype)
+            torch.manual_seed(0)
+            model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"},
+                                           {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64))
+            rt.wrap(model, compile=False)
+            idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
+            with rt.no_sync(), torch.autocast("cpu", dtype=torch.bfloat16):  # a micro-batch before the last
+                loss = model(idx[:, :16], idx[:, 1:])[1]
+                loss.backward()
+            w = model.blocks[0].mixer.qkv.weight  # kept gathered: the computed-with parameter
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(idx[:, :16], idx[:, 1:])[1].backward()  # the step's last: reduced, re-sharded
+            p = model.blocks[0].mixer.qkv.weight
+            seen[dtype] = (str(w.dtype), isinstance(p, DTensor), str(p.dtype), str(p.grad.dtype), float(loss))
+        torch.save(seen, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_param_dtype_bfloat16_gathers_in_bf16_and_keeps_fp32_shards(tmp_path):
+    """train.fsdp_param_dtype=bfloat16 (FSDP2's MixedPrecisionPolicy): the gathered parameters a forward computes with
+    are bf16, the shards (AdamW's) and their reduced gradients stay fp32, and the first loss is float32-gather's to
+    bf16 rounding; refused for an fp32 run before any work."""
+    import torch.multiprocessing as mp
+    mp.spawn(_bf16_gather_rank, args=(free_port(), str(tmp_path / "r")), nprocs=2, join=True)
+    for r in range(2):
+        seen = torch.load(tmp_path / f"r.{r}")
+        assert seen["float32"][:4] == ("torch.float32", True, "torch.float32", "torch.float32")
+        assert seen["bfloat16"][:4] == ("torch.bfloat16", True, "torch.float32", "torch.float32")
+        assert seen["bfloat16"][4] == pytest.approx(seen["float32"][4], rel=2e-2)
+    with pytest.raises(ConfigError, match=r"fsdp_param_dtype=bfloat16 computes a bf16-autocast run's parameters in "
+                                          r"bf16; this run's train.dtype=fp32 is fp32"):
+        train_lib.run(compose([f"out_dir={tmp_path / 'x'}", "train.strategy=fsdp", "train.fsdp_param_dtype=bfloat16",
+                               "train.dtype=fp32"]))
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.slow

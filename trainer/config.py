@@ -209,6 +209,11 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("fsdp_reshard", "auto") not in ("auto", True, False):
         raise ConfigError(f"train.fsdp_reshard={t.fsdp_reshard!r}; valid choices: auto, true, false")
+    if t.get("fsdp_param_dtype", "float32") not in ("float32", "bfloat16"):
+        raise ConfigError(f"train.fsdp_param_dtype={t.fsdp_param_dtype!r}; valid choices: float32, bfloat16")
+    if t.get("fsdp_param_dtype", "float32") == "bfloat16" and t.get("strategy", "ddp") != "fsdp":
+        raise ConfigError(f"train.fsdp_param_dtype=bfloat16 is FSDP2's: it needs train.strategy=fsdp (got "
+                          f"{t.get('strategy', 'ddp')})")
     if t.get("checkpoint_format", "full") not in CHECKPOINT_FORMATS:
         raise ConfigError(f"train.checkpoint_format={t.checkpoint_format!r}; valid choices: {list(CHECKPOINT_FORMATS)}")
     if t.get("async_checkpoint") and t.get("checkpoint_format", "full") != "sharded":

@@ -38,6 +38,7 @@ class Runtime:
     distributed: bool = False
     fsdp: bool = False
     fsdp_reshard: object = "auto"  # train.fsdp_reshard; prepare() resolves auto
+    fsdp_param_dtype: str = "float32"  # train.fsdp_param_dtype
     bf16: bool = False
     bf16_weights: bool = False  # train.dtype=bf16_weights: the model itself in bf16 (shard casts it)
     no_sync: object = None  # the wrapper's "skip the gradient all-reduce" context, set by wrap()
@@ -54,10 +55,14 @@ class Runtime:
             rt.rank, rt.world, rt.local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
         rt.fsdp = rt.distributed and t.get("strategy", "ddp") == "fsdp"
         rt.fsdp_reshard = t.get("fsdp_reshard", "auto")
+        rt.fsdp_param_dtype = t.get("fsdp_param_dtype", "float32")
         cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
         rt.device = torch.device(f"cuda:{rt.local_rank}" if cuda else "cpu")
         rt.bf16 = t.dtype in ("bf16", "bf16_weights") or (t.dtype == "auto" and cuda)
         rt.bf16_weights = t.dtype == "bf16_weights"
+        if rt.fsdp_param_dtype == "bfloat16" and (not rt.bf16 or rt.bf16_weights):
+            raise ConfigError(f"train.fsdp_param_dtype=bfloat16 computes a bf16-autocast run's parameters in bf16; "
+                              f"this run's train.dtype={t.dtype} is {'bf16_weights' if rt.bf16_weights else 'fp32'}")
         if rt.distributed:
             if cuda:
                 torch.cuda.set_device(rt.device)
@@ -109,7 +114,9 @@ class Runtime:
         block, then the rest (embeddings, head), over all ranks; parameters become DTensors and are gathered one block
         at a time in forward and backward. train.fsdp_reshard=false keeps them gathered from the first forward of a
         step to the last backward: one all-gather a step instead of two a micro-batch (FSDP2 at 124m ran at 71% of
-        DDP's speed, re-gathering for every micro-batch)."""
+        DDP's speed, re-gathering for every micro-batch). train.fsdp_param_dtype=bfloat16 gathers them in bf16 (half
+        the bytes of the all-gather that a profile found exposed, docs/multi_gpu) and reduces gradients in fp32; the
+        sharded parameters and AdamW's state stay fp32."""
         if self.cp > 1:
             try:
                 model.check_context_parallel()
@@ -120,15 +127,17 @@ class Runtime:
         if not self.fsdp:
             return model
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = init_device_mesh(self.device.type, (self.world,))
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if self.fsdp_param_dtype == "bfloat16" else MixedPrecisionPolicy())
         if self.fsdp_reshard == "auto":  # keep them gathered where that costs little memory
             size = sum(p.numel() * p.element_size() for p in model.parameters())
             free = torch.cuda.get_device_properties(self.device).total_memory if self.cuda else 0
             self.fsdp_reshard = not size <= 0.05 * free
         for block in model.blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
-        return fully_shard(model, mesh=mesh, reshard_after_forward=self.fsdp_reshard)
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.fsdp_reshard, mp_policy=mp)
+        return fully_shard(model, mesh=mesh, reshard_after_forward=self.fsdp_reshard, mp_policy=mp)
 
     def wrap(self, model, compile: bool, mode: str = "default", scope: str = "blocks"):
         """The module the loop calls: compiled (torch.compile's `mode`, whole or block by block: compile_model) if
