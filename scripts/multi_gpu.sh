@@ -6,8 +6,8 @@
 #   scaling  40 steps of 262,144-token batches (the embedded corpus holds 496 windows, fewer than the recipe's 512):
 #            tokens/s on SCALE_GPUS (default 2) GPUs with DDP and FSDP2 (parameters kept gathered through the
 #            micro-batches, train.fsdp_reshard=auto, and re-gathered for each, =true), then on 1 GPU (accum 8)
-#   profile  DDP and FSDP2 on SCALE_GPUS GPUs as in scaling, 3 steps traced at steady state (after 28), each trace
-#            summarised by scripts/trace_summary.py (exposed communication, the costliest kernels)
+#   profile  DDP, FSDP2 and FSDP2 gathering in bf16 on SCALE_GPUS GPUs as in scaling, 3 steps traced at steady state
+#            (after 28), each trace summarised by scripts/trace_summary.py (exposed communication, costliest kernels)
 #   dcp      sharded checkpoints (torch.distributed.checkpoint), fp32: 60 steps on 2 GPUs FSDP2, then its step-30
 #            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
 #   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
@@ -60,8 +60,9 @@ if [[ $mode == profile ]]; then
   c="train.steps=40 train.global_batch_tokens=262144 train.log_interval=10 train.ckpt_interval=100000
      train.profile_steps=3 train.profile_after=28"
   n=${SCALE_GPUS:-2}
-  for s in ddp fsdp; do
-    run profile_gpu${n}_$s $n $c train.strategy=$s
+  for s in ddp fsdp fsdp_bf16; do  # fsdp_bf16: parameters gathered in bf16 (train.fsdp_param_dtype)
+    extra=(train.strategy=${s%_bf16}); [[ $s == fsdp_bf16 ]] && extra+=(train.fsdp_param_dtype=bfloat16)
+    run profile_gpu${n}_$s $n $c "${extra[@]}"
     python3 scripts/trace_summary.py /tmp/mg/profile_gpu${n}_$s/profile/trace.json \
       --json "$out/profile_gpu${n}_$s.summary.json" | tee "$out/profile_gpu${n}_$s.summary.txt"
   done
