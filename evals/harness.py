@@ -100,10 +100,10 @@ def batched_hflm():
     the log-softmax taken only at the continuation's positions, and one transfer to the CPU a batch. A causal model
     gives right padding no influence on the real positions, so the scores are HFLM's (tests/test_eval.py).
     This repo's model (hf.py: hidden_states, logits_at) runs its head only at the continuations' positions, and on a
-    GPU its trunk from a CUDA graph per padded shape (GraphedTrunk: 2-5x the eager scorer's requests/s at 124m, H200,
-    docs/evaluation.md). cuda_graphs: "auto" (the default) graphs this repo's model on a CUDA device (every backbone
-    and scheme captures: tests/test_gpu.py) and runs anything else eagerly, True graphs or fails, False runs eagerly
-    (`--model_args ...,cuda_graphs=False`)."""
+    GPU its trunk from a CUDA graph per padded shape (GraphedTrunk: 2-5.5x the old adapter's requests/s at 124m,
+    H200, docs/evaluation.md). cuda_graphs: "auto" (the default) graphs this repo's model on a CUDA device (every
+    backbone and scheme captures: tests/test_gpu.py) and runs anything else eagerly, True graphs or fails, False runs
+    eagerly (`--model_args ...,cuda_graphs=False`)."""
     import numpy as np
     import torch.nn.functional as F
     from lm_eval.models.huggingface import HFLM
