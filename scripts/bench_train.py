@@ -52,6 +52,7 @@ from duality.model import build_model  # noqa: E402
 from duality.model.gpt import compile_model  # noqa: E402
 from duality.trainer.logger import peak_flops  # noqa: E402
 from duality.trainer.optim import make_optimizer, train_step  # noqa: E402
+from duality.trainer.runtime import float8_linears  # noqa: E402
 
 # size: (model config, tokens per micro-batch = B x T, vocabulary: GPT-2's padded / seed 004's 32k)
 SETTINGS = {"124m": ("124m", 32 * 1024, 50304), "370m": ("370m", 8 * 4096, 32000), "1_3b": ("1_3b", 8 * 4096, 32000)}
@@ -183,7 +184,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     torch.manual_seed(0)
     model, optim_cfg, compile_ = build(case, model_name, seq, vocab, overrides, compiled)
     model = model.to(device)
-    if float8:
+    if float8:  # as train.float8 converts them (trainer/runtime.py)
         float8_linears(model, float8)
     optimizer = make_optimizer(model, optim_cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -232,16 +233,6 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
            "loss": float(loss)}
     del model, optimizer, train_model, data
     return row
-
-
-def float8_linears(model, recipe: str):
-    """torchao's float8 training (recipe: tensorwise or rowwise scaling) on every Linear of the trunk whose sizes
-    are multiples of 16, as torchtitan converts them; not the head, whose weight the fused loss reads directly. A
-    benchmark option only (--float8): at 370m the casts cost what the float8 matmuls saved (performance issue)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda m, fqn: fqn != "lm_head" and m.in_features % 16 == 0
-                               and m.out_features % 16 == 0)
 
 
 KERNEL_KINDS = [  # (kind, name pattern): the first match wins; what a speed comparison needs to tell apart

@@ -192,15 +192,3 @@ def test_kernel_breakdown_sorts_kernels_by_kind_and_shows_the_idle_time():
     flagged = bench_train.kernel_breakdown(kernels, steps=3, step_ms=20.0, profiled_ms=15.0).splitlines()
     assert flagged[-1].startswith("(the kernels sum to 16.6 ms, more than the 15.0 ms step")
 
-
-def test_float8_option_converts_the_trunks_linears_not_the_head():
-    """--float8: torchao's Float8Linear in place of every trunk Linear (sizes multiples of 16), the head kept (the
-    fused loss reads its weight). torchao is not a dependency: this runs where it is installed."""
-    pytest.importorskip("torchao.float8")
-    from torchao.float8.float8_linear import Float8Linear
-    model, _, _ = bench_train.build("transformer+rope", "tiny", 64, 512)
-    linears = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
-    bench_train.float8_linears(model, "rowwise")
-    converted = [n for n, m in model.named_modules() if isinstance(m, Float8Linear)]
-    assert converted and set(converted) == {n for n in linears if n != "lm_head"}
-    assert type(model.lm_head) is torch.nn.Linear

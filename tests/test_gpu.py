@@ -419,3 +419,26 @@ def test_graphed_trunk_names_the_way_out_where_capture_fails():
     assert p.returncode == 1, p.stderr[-2000:]
     assert "RuntimeError: a CUDA graph could not capture this model's forward" in p.stderr, p.stderr[-2000:]
     assert "lm_eval.cuda_graphs=false (eval.py) or --model_args ...,cuda_graphs=False" in p.stderr
+
+
+def test_float8_training_follows_bf16():
+    """train.float8=tensorwise (torchao) on a small transformer: its Linear layers run in float8 and 20 compiled steps
+    from the same weights and data keep to the bf16 run's losses (within 3%); skipped without torchao."""
+    pytest.importorskip("torchao.float8")
+    from duality.trainer.optim import make_optimizer, train_step
+    from duality.trainer.runtime import float8_linears
+    from omegaconf import OmegaConf
+    losses = {}
+    for recipe in ("none", "tensorwise"):
+        model = _model("transformer", "rope", tie_embeddings=False)
+        if recipe != "none":
+            float8_linears(model, recipe)
+        optim = make_optimizer(model, OmegaConf.create({"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                        "weight_decay": 0.1}), fused=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0)
+        step_model = torch.compile(model)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        data = torch.randint(0, 512, (20, 8, 257), device="cuda", generator=g)
+        losses[recipe] = [float(train_step(step_model, [(x[:, :-1], x[:, 1:])], 1, optim, sched,
+                                           torch.autocast("cuda", dtype=torch.bfloat16), 1.0)[0]) for x in data]
+    assert all(abs(a - b) < 0.03 * a for a, b in zip(losses["none"], losses["tensorwise"])), losses

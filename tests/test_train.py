@@ -80,6 +80,9 @@ def test_unknown_group_option_lists_choices():
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
     ("train.fsdp_reshard=sometimes", "train.fsdp_reshard='sometimes'; valid choices: auto, true, false"),
     ("train.fsdp_param_dtype=half", "train.fsdp_param_dtype='half'; valid choices: float32, bfloat16"),
+    ("train.float8=fp8", r"train.float8='fp8'; valid choices: \['none', 'tensorwise', 'rowwise'\]"),
+    ("train.float8=tensorwise", r"train.float8=tensorwise needs a GPU of compute capability >= 8.9 \(Ada, Hopper\); "
+                                "this run's device is cpu"),
     ("train.fsdp_param_dtype=bfloat16", r"is FSDP2's: it needs train.strategy=fsdp \(got ddp\)"),
     ("train.compile_mode=fast", r"valid choices: \['default', 'max-autotune-no-cudagraphs'"),
     ("model.sparse_loss=true", "needs model.fused_loss=true"),
@@ -90,6 +93,24 @@ def test_bad_config_fails_before_work(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
         train_lib.run(compose([f"out_dir={tmp_path}", override]))
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_float8_converts_the_trunks_linears_and_keeps_their_names():
+    """train.float8 (trainer/runtime.py: float8_linears): torchao's Float8Linear in place of every trunk Linear, the
+    head kept (the fused loss reads its weight), the state dict's names unchanged (checkpoints load without float8).
+    torchao is not a dependency: this runs where it is installed."""
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from duality.trainer.runtime import float8_linears
+    model = build_model({"name": "transformer"}, {"name": "rope"}, {"n_layer": 2, "d_model": 32, "n_heads": 2,
+                                                                    "seq_len": 16, "tie_embeddings": False}, 64)
+    linears = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    names = list(model.state_dict())
+    float8_linears(model, "rowwise")
+    converted = [n for n, m in model.named_modules() if isinstance(m, Float8Linear)]
+    assert converted and set(converted) == {n for n in linears if n != "lm_head"}
+    assert type(model.lm_head) is torch.nn.Linear and list(model.state_dict()) == names
 
 
 def test_quack_mlp_without_the_package_on_cuda_fails_before_work(tmp_path, monkeypatch):

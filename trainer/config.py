@@ -22,6 +22,7 @@ from .optim import SCHEDULES
 
 STRATEGIES = ("ddp", "fsdp")
 DTYPES = ("auto", "bf16", "fp32", "bf16_weights")
+FLOAT8 = ("none", "tensorwise", "rowwise")  # train.float8: torchao's scaling recipes
 
 
 def _number(x) -> bool:
@@ -209,6 +210,8 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("fsdp_reshard", "auto") not in ("auto", True, False):
         raise ConfigError(f"train.fsdp_reshard={t.fsdp_reshard!r}; valid choices: auto, true, false")
+    if t.get("float8", "none") not in FLOAT8:
+        raise ConfigError(f"train.float8={t.float8!r}; valid choices: {list(FLOAT8)}")
     if t.get("fsdp_param_dtype", "float32") not in ("float32", "bfloat16"):
         raise ConfigError(f"train.fsdp_param_dtype={t.fsdp_param_dtype!r}; valid choices: float32, bfloat16")
     if t.get("fsdp_param_dtype", "float32") == "bfloat16" and t.get("strategy", "ddp") != "fsdp":

@@ -39,6 +39,7 @@ class Runtime:
     fsdp: bool = False
     fsdp_reshard: object = "auto"  # train.fsdp_reshard; prepare() resolves auto
     fsdp_param_dtype: str = "float32"  # train.fsdp_param_dtype
+    float8: str = "none"  # train.float8: torchao's recipe for the trunk's Linear layers
     bf16: bool = False
     bf16_weights: bool = False  # train.dtype=bf16_weights: the model itself in bf16 (shard casts it)
     no_sync: object = None  # the wrapper's "skip the gradient all-reduce" context, set by wrap()
@@ -60,6 +61,17 @@ class Runtime:
         rt.device = torch.device(f"cuda:{rt.local_rank}" if cuda else "cpu")
         rt.bf16 = t.dtype in ("bf16", "bf16_weights") or (t.dtype == "auto" and cuda)
         rt.bf16_weights = t.dtype == "bf16_weights"
+        rt.float8 = t.get("float8", "none")
+        if rt.float8 != "none":
+            capability = torch.cuda.get_device_capability(rt.device) if cuda else None
+            if capability is None or capability < (8, 9):
+                raise ConfigError(f"train.float8={rt.float8} needs a GPU of compute capability >= 8.9 (Ada, Hopper); "
+                                  f"this run's device is {torch.cuda.get_device_name(rt.device) if cuda else 'cpu'}")
+            try:
+                import torchao.float8  # noqa: F401
+            except ImportError as e:
+                raise ConfigError(f"train.float8={rt.float8} needs torchao ({e}): pip install torchao (or the "
+                                  "repo's [float8] extra)") from None
         if rt.fsdp_param_dtype == "bfloat16" and (not rt.bf16 or rt.bf16_weights):
             raise ConfigError(f"train.fsdp_param_dtype=bfloat16 computes a bf16-autocast run's parameters in bf16; "
                               f"this run's train.dtype={t.dtype} is {'bf16_weights' if rt.bf16_weights else 'fp32'}")
@@ -124,6 +136,8 @@ class Runtime:
                 raise ConfigError(f"train.context_parallel={self.cp}: {e}") from None
         if self.bf16_weights:
             model.to(torch.bfloat16)
+        if self.float8 != "none":
+            float8_linears(model, self.float8)
         if not self.fsdp:
             return model
         from torch.distributed.device_mesh import init_device_mesh
@@ -244,6 +258,16 @@ class Runtime:
             sd = {"state": {pos[n]: v for n, v in sd["state"].items()},
                   "param_groups": [{**g, "params": [pos[n] for n in g["params"]]} for g in groups]}
         optimizer.load_state_dict(sd)
+
+
+def float8_linears(model, recipe: str):
+    """torchao's float8 training (recipe: tensorwise or rowwise scaling) on every Linear of the trunk whose sizes are
+    multiples of 16, as torchtitan converts them; not the head, whose weight the fused loss reads directly. The
+    parameters keep their names, so checkpoints load into a model without float8."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda m, fqn: fqn != "lm_head" and m.in_features % 16 == 0
+                               and m.out_features % 16 == 0)
 
 
 @contextmanager
