@@ -433,6 +433,7 @@ def test_float8_training_follows_bf16():
         model = _model("transformer", "rope", tie_embeddings=False)
         if recipe != "none":
             float8_linears(model, recipe)
+            assert type(model.blocks[0].mlp.w13).__name__ == "Float8Linear", type(model.blocks[0].mlp.w13)
         optim = make_optimizer(model, OmegaConf.create({"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
                                                         "weight_decay": 0.1}), fused=True)
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0)
