@@ -119,8 +119,8 @@ def batched_hflm():
             if cuda_graphs is True and not can:
                 raise ConfigError(f"cuda_graphs=True needs this repo's model (hf.py) on a CUDA device; got "
                                   f"{type(self.model).__name__} on {self.device}")
-            graphs = can and cuda_graphs in (True, "auto")
-            self.trunk = None if not own else GraphedTrunk(self.model) if graphs else self.model.hidden_states
+            self.trunk = None if not own else (GraphedTrunk(self.model) if can and cuda_graphs is not False
+                                               else self.model.hidden_states)
 
         def _forward(self, inp, row_of, pos):
             """The logits [tokens, V] at rows row_of, positions pos of the padded batch inp: this repo's model runs

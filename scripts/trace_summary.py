@@ -23,14 +23,11 @@ LAG_US = 50_000
 
 def union_us(intervals) -> float:
     """Length of the union of [start, end) intervals (microseconds)."""
-    total, cur = 0.0, None
+    total, end = 0.0, float("-inf")
     for s, e in sorted(intervals):
-        if cur is None or s > cur[1]:
-            total += 0 if cur is None else cur[1] - cur[0]
-            cur = [s, e]
-        else:
-            cur[1] = max(cur[1], e)
-    return total + (0 if cur is None else cur[1] - cur[0])
+        total += max(e - max(s, end), 0)  # the part past everything seen so far
+        end = max(end, e)
+    return total
 
 
 def summarize(events: list, top: int = 10) -> dict:
@@ -56,7 +53,7 @@ def summarize(events: list, top: int = 10) -> dict:
     ms = 1e-3 / n
     return {"steps": n, "host_ms": (t1 - t0) * ms, "gpu_busy_ms": busy * ms, "compute_ms": busy_compute * ms,
             "nccl_ms": sum(e["dur"] for e in nccl) * ms, "nccl_exposed_ms": (busy - busy_compute) * ms,
-            "gpu_idle_ms": (t1 - t0 - busy) * ms if t1 - t0 > busy else 0.0,
+            "gpu_idle_ms": max(t1 - t0 - busy, 0.0) * ms,
             "kernels": [(k, v * ms) for k, v in kernels.most_common(top)],
             "annotations": [(k, v * ms) for k, v in notes.most_common(top)]}
 
