@@ -57,8 +57,8 @@ if [[ $mode == scaling || $mode == all ]]; then
   run scale_gpu1 1 $c
 fi
 if [[ $mode == profile ]]; then
-  c="train.steps=40 train.global_batch_tokens=262144 train.log_interval=10 train.ckpt_interval=100000
-     train.profile_steps=3 train.profile_after=28"
+  c="train.steps=40 train.global_batch_tokens=262144 train.log_interval=5 train.ckpt_interval=100000
+     train.profile_steps=3 train.profile_after=28"  # untraced windows: the rows at steps 15, 20, 25
   n=${SCALE_GPUS:-2}
   for s in ddp fsdp fsdp_bf16; do  # fsdp_bf16: parameters gathered in bf16 (train.fsdp_param_dtype)
     extra=(train.strategy=${s%_bf16}); [[ $s == fsdp_bf16 ]] && extra+=(train.fsdp_param_dtype=bfloat16)

@@ -37,9 +37,11 @@ FIRST_STEP_H200_BLOCKS = DOCS / "gpu/first_step_h200_blocks_2026-11-27.json"
 FIRST_STEP_H200_FRESH = DOCS / "gpu/first_step_h200_fresh_2026-11-27.json"
 GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-27.json"
 FSDP2_PROFILE = DOCS / "multi_gpu/fsdp2_profile_4xh200_2026-11-27.json"
+FSDP2_PROFILE_2 = DOCS / "multi_gpu/fsdp2_profile_2xh200_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
+FLOAT8_PARITY = DOCS / "throughput/float8_parity_1_3b_2xh200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
                                                                     "h100_2026-11-27_0aa552c", "h200_2026-11-27",
                                                                     "h200_2026-11-27_graphs")]
@@ -157,6 +159,27 @@ def float8_table() -> str:
                      f"{r['mfu']:.3f} | {b['ms'] / r['ms']:.2f} | {r['peak_mem_gib']:.1f} |")
     return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, "
                                f"{rec['packages']}, at {rec['code']}: `{rec['command']}`; {rec['note']}.")
+
+
+def float8_parity_table() -> str:
+    """scripts/float8_parity.py's record: validation losses every 200 steps, bf16's seed gap, float8's paired gap."""
+    rec = load(FLOAT8_PARITY)
+    (recipe, v), = rec["verdict"].items()
+    seeds = rec["seeds"]
+    lines = [f"| step | bf16, seeds {' / '.join(seeds)} | bf16's gap | {recipe}, seeds {' / '.join(seeds)} | "
+             f"{recipe} − bf16, same seed |", "|---:|---:|---:|---:|---:|"]
+    for row in rec["rows"]:
+        if row["step"] % 200 == 0 or row["step"] == rec["rows"][-1]["step"]:
+            r = row[recipe]
+            lines.append(f"| {row['step']:,} | {' / '.join(f'{x:.4f}' for x in row['bf16'])} | "
+                         f"{row['bf16_spread']:.4f} | {' / '.join(f'{x:.4f}' for x in r['loss'])} | "
+                         f"{' / '.join(f'{x:+.4f}' for x in r['paired_diff'])} |")
+    return "\n".join(lines) + (
+        f"\n\nSecond half (steps {rec['rows'][len(rec['rows']) // 2]['step']:,}–{rec['steps'][-1]:,}): {recipe} − bf16 "
+        f"{v['mean_paired_diff_late']:+.4f} on average, {v['positive_late']} paired differences above 0; bf16's seed "
+        f"gap {v['mean_bf16_spread_late']:.4f} on average. {recipe.capitalize()} runs "
+        f"{rec['float8_speedup']:.2f}× bf16's tokens/s here. {short_device(rec['device'])}, {rec['date']}, torch "
+        f"{rec['torch']}, torchao {rec['torchao']}: {rec['command']}; {rec['note']}.")
 
 
 def quack_swiglu_table() -> str:
@@ -314,6 +337,21 @@ def mqar_seeds_table() -> str:
                               f"{', '.join(p.name for p in paths)}; the grid: {', '.join(MQAR_GRID)}")
 
 
+def fsdp2_2xh200_table() -> str:
+    """DDP, FSDP2 and FSDP2 gathering in bf16 on 2 GPUs, each call: untraced tokens/s, memory, the traced steps."""
+    r = load(FSDP2_PROFILE_2)
+    names = {"ddp": "DDP", "fsdp": "FSDP2", "fsdp_bf16": "FSDP2, bf16 gather"}
+    lines = ["| 124m, 2 GPUs | call (steps) | tokens/s | of DDP | GiB a GPU | val loss | GPU busy, ms a traced step |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for i, c in enumerate(r["calls"], 1):
+        for k, name in names.items():
+            t = c["steady_tokens_per_s"][k]
+            lines.append(f"| {name} | {i} ({', '.join(map(str, c['steady_steps']))}) | {t:,} | "
+                         f"{t / c['steady_tokens_per_s']['ddp']:.1%} | {c['peak_mem_gib'][k]:.1f} | "
+                         f"{c['final_loss'][k]['val']:.4f} | {c['profile'][k]['gpu_busy_ms']:.1f} |")
+    return "\n".join(lines) + f"\n\n{short_device(r['device'])}, {r['date']}, torch {r['torch']}: {r['command']}"
+
+
 def fsdp_1_3b() -> tuple[float, float, float]:
     """(speedup of 2 GPUs over 1, GiB a GPU on 2, on 1) of the 1.3B FSDP2 record: the median of each run's rows."""
     runs = load(FSDP_1_3B)["runs"]
@@ -363,8 +401,14 @@ def summary_table() -> str:
     bf16, tw = by["transformer+rope"], by["transformer+rope:float8-tensorwise"]
     rows.append(("float8 training (torchao, tensorwise) of the 1.3B transformer + RoPE's Linear layers",
                  f"{bf16['ms'] / tw['ms']:.2f}× bf16's step ({tw['ms']:.0f} against {bf16['ms']:.0f} ms, MFU "
-                 f"{tw['mfu']:.2f}); train.float8, off until its loss parity is measured",
+                 f"{tw['mfu']:.2f}); train.float8, opt-in",
                  f"{short_device(f8['device'])}, {f8['date']}", "docs/throughput/README.md"))
+    fp = load(FLOAT8_PARITY)
+    (recipe, v), = fp["verdict"].items()
+    rows.append(("float8's validation loss against bf16's, 1.3B, 2,000 steps, 2 seeds each",
+                 f"{v['mean_paired_diff_late']:+.3f} behind its bf16 twin ({v['positive_late']} evaluations of the "
+                 f"second half), bf16's seeds {v['mean_bf16_spread_late']:.3f} apart: a small systematic cost",
+                 f"{short_device(fp['device'])}, {fp['date']}", "docs/throughput/README.md"))
     lg = load(LONGEST)
     mems = [r["peak_mem_gib"] for r in lg["rows"]]
     rows.append(("One 65,536-token sequence at 370m (full checkpointing, chunked loss)",
@@ -408,6 +452,10 @@ def summary_table() -> str:
                  f"communication with no compute beside it, against {fp['profile']['ddp']['nccl_exposed_ms']:.1f}",
                  f"{short_device(fp['device'])}, {fp['date']}",
                  "docs/multi_gpu/README.md"))
+    fp2 = load(FSDP2_PROFILE_2)
+    rows.append(("FSDP2 against DDP on 2 GPUs, 124m (parameters gathered in fp32 / bf16)",
+                 f"{fp2['ratio']:.0%} / {fp2['ratio_bf16']:.0%} of DDP's tokens/s",
+                 f"{short_device(fp2['device'])}, {fp2['date']}", "docs/multi_gpu/README.md"))
     cp = [s for s in load(CP_LONGEST[-1])["summary"] if s["case"] == "gla+nope"]
     one, most = cp[0], cp[-1]
     cp_rec = load(CP_LONGEST[-1])
@@ -446,14 +494,14 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS),
           "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS),
           "first_step_h200_fresh": lambda: first_step_table(FIRST_STEP_H200_FRESH), "loss_kernel": loss_kernel_table,
-          "quack_swiglu": quack_swiglu_table, "float8": float8_table,
+          "quack_swiglu": quack_swiglu_table, "float8": float8_table, "float8_parity": float8_parity_table,
           "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
           "official_ab_fits": official_ab_fits_table, "official_ab_copying": official_ab_copying_table,
           "official_ab_copying_steps": official_ab_copying_steps_table, "dcp": dcp_table,
           "cp_longest": cp_longest_table,
-          "scaling_4": scaling_4_table}
+          "scaling_4": scaling_4_table, "fsdp2_2xh200": fsdp2_2xh200_table}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 

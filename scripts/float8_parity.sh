@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Loss parity of float8 training (issue #50): the 1.3B transformer + RoPE, bf16 and train.float8=${RECIPE:-tensorwise},
+# seeds 0 and 1 each, STEPS (2000) steps of 8,192 tokens (2 x 4096) at lr 3e-4 on Python sources packed as
+# LongCrawl64-style arrays (DATA_DIR, made by scripts/float8_parity.py corpus / pack), validation every 100 steps.
+# The four runs start at once, spread over the GPUs (two 1.3B runs of ~40 GiB share an H200 on a 2-GPU machine).
+# Stopped by a signal (`timeout -s TERM`), each run checkpoints; the same command then continues the unfinished ones.
+# Usage: bash scripts/float8_parity.sh OUT_DIR DATA_DIR   (runs in /tmp/f8/runs; the record and the plot in OUT_DIR)
+set -uo pipefail
+out=${1:?usage: float8_parity.sh OUT_DIR DATA_DIR} root=${2:?usage: float8_parity.sh OUT_DIR DATA_DIR}
+mkdir -p "$out" /tmp/f8/runs
+steps=${STEPS:-2000} recipe=${RECIPE:-tensorwise}
+data="data=longcrawl64 data.root=$root data.doc_len=4096 data.tokenizer=$root/tokenizer.json data.bos_id=$(cat $root/bos.txt)"
+ngpu=$(nvidia-smi -L | wc -l) i=0
+for run in bf16-s0 $recipe-s0 bf16-s1 $recipe-s1; do
+  r=${run%-s*} s=${run##*-s} i=$((i + 1))
+  grep -qs "\"step\": $steps, \"val_loss\"" /tmp/f8/runs/$run/metrics.jsonl && continue  # finished
+  CUDA_VISIBLE_DEVICES=$(((i - 1) % ngpu)) python3 train.py model=1_3b $data seed=$s out_dir=/tmp/f8/runs/$run \
+    train.float8=$([ "$r" = bf16 ] && echo none || echo "$r") train.steps=$steps train.global_batch_tokens=8192 \
+    train.micro_batch=2 train.activation_checkpointing=none optim.lr=3e-4 train.eval_interval=100 \
+    train.eval_tokens=131072 train.log_interval=20 train.ckpt_interval=100000 train.sample_tokens=0 \
+    train.progress=false logger=none >> "$out/$run.log" 2>&1 &
+done
+wait
+for run in /tmp/f8/runs/*; do echo "$(basename $run): $(tail -n 1 $out/$(basename $run).log)"; done
+python3 scripts/float8_parity.py report /tmp/f8/runs --record "$out/float8_parity.json" --plot "$out/float8_parity.png" \
+  --note "bash scripts/float8_parity.sh OUT (STEPS=$steps RECIPE=$recipe) on $(nvidia-smi -L | head -1 | cut -d'(' -f1)"

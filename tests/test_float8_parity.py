@@ -1,0 +1,59 @@
+"""scripts/float8_parity.py: the corpus, its packing as LongCrawl64-style arrays, and the paired comparison."""
+
+import json
+
+import numpy as np
+import pytest
+from float8_parity import compare, main
+
+from duality import data as data_lib
+from duality.data import longcrawl64
+from duality.data.shards import read_shard
+
+
+def test_corpus_packs_into_arrays_that_data_longcrawl64_reads(tmp_path):
+    main(["corpus", str(tmp_path / "corpus.jsonl"), "--mb", "0.2"])
+    rows = [json.loads(line) for line in (tmp_path / "corpus.jsonl").read_text().splitlines()]
+    assert len(rows) >= 2 and all(len(r["text"]) >= 200 for r in rows)
+    cfg = {"name": "text", "files": str(tmp_path / "corpus.jsonl"), "format": "json", "tokenizer": "bpe",
+           "vocab_size": 300, "val_every": 2, "cache_dir": str(tmp_path / "cache")}
+    info = data_lib.prepare(cfg, progress=False)
+    main(["pack", info.dir, str(tmp_path / "packed"), "--doc-len", "64"])
+    bos = int((tmp_path / "packed" / "bos.txt").read_text())
+    lc = longcrawl64.open_arrays({"root": str(tmp_path / "packed"), "doc_len": 64, "bos_id": bos,
+                                  "tokenizer": str(tmp_path / "packed" / "tokenizer.json")})
+    assert lc.tokenizer.vocab_size == info.tokenizer.vocab_size and bos == info.tokenizer.eot_id
+    for split, shards in (("train", info.train_shards), ("val", info.val_shards)):
+        tokens = np.concatenate([read_shard(s) for s in shards])
+        arr = np.asarray(lc.arrays[split])
+        assert arr.shape == (len(tokens) // 64, 64)
+        assert np.array_equal(arr.reshape(-1), tokens[:arr.size])
+
+
+def _runs(tmp_path, curves):
+    for name, losses in curves.items():
+        (tmp_path / name).mkdir()
+        rows = [{"step": 100 * (i + 1), "val_loss": v} for i, v in enumerate(losses)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_paired_differences_against_bf16s_seed_gap(tmp_path):
+    _runs(tmp_path, {"bf16-s0": [5.0, 4.0, 3.00, 2.00], "bf16-s1": [5.2, 4.1, 3.02, 2.01],
+                     "tensorwise-s0": [5.1, 4.0, 3.05, 2.03], "tensorwise-s1": [5.0, 4.2, 3.06, 2.04]})
+    main(["report", str(tmp_path), "--record", str(tmp_path / "r.json")])
+    r = json.loads((tmp_path / "r.json").read_text())
+    v = r["verdict"]["tensorwise"]
+    assert r["seeds"] == ["0", "1"] and r["steps"] == [100, 200, 300, 400]
+    assert r["rows"][0]["tensorwise"]["paired_diff"] == pytest.approx([0.1, -0.2])
+    assert v["mean_bf16_spread_late"] == pytest.approx(0.015)   # steps 300, 400: gaps 0.02, 0.01
+    assert v["mean_paired_diff_late"] == pytest.approx(0.0375)  # ((0.05 + 0.04) / 2 + (0.03 + 0.03) / 2) / 2
+    assert v["positive_late"] == "4 of 4" and v["within_spread"] is False
+    close = compare({"bf16-s0": {1: 3.0, 2: 2.0}, "bf16-s1": {1: 3.1, 2: 2.1},
+                     "tensorwise-s0": {1: 3.05, 2: 2.0}, "tensorwise-s1": {1: 3.1, 2: 2.08}})
+    assert close["verdict"]["tensorwise"]["within_spread"] is True
+
+
+def test_report_needs_two_bf16_seeds(tmp_path):
+    _runs(tmp_path, {"bf16-s0": [3.0], "tensorwise-s0": [3.1], "tensorwise-s1": [3.2]})
+    with pytest.raises(SystemExit, match="bf16-s<seed> for at least two seeds"):
+        main(["report", str(tmp_path)])
