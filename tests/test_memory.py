@@ -238,6 +238,18 @@ def test_nonfinite_skip_leaves_the_weights_and_counts_the_steps(tmp_path, data_c
     assert {s["step"].item() for s in ck["optimizer"]["state"].values()} == {4.0}  # 6 steps, 2 not taken
 
 
+def test_a_skipped_first_step_moves_the_schedule_on_without_torchs_warning(tmp_path, data_cache, poison, recwarn):
+    poison["forward"] = {0}
+    cfg = tiny_overrides(tmp_path, data_cache, "train.steps=2", "train.log_interval=1", "train.nonfinite=skip",
+                         "train.ckpt_interval=100")
+    train_lib.run(compose(cfg))
+    assert [(r["step"], r["nonfinite_skipped"]) for r in metrics_rows(tmp_path) if "loss" in r] == [(1, 1), (2, 1)]
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+    ck = torch.load(tmp_path / "checkpoints" / "step_0000002.pt", weights_only=False)
+    assert ck["scheduler"]["last_epoch"] == 2  # both steps counted by the schedule, one taken by AdamW
+    assert {s["step"].item() for s in ck["optimizer"]["state"].values()} == {1.0}
+
+
 def _saved_elements(fn, *args):
     """The elements of the storages autograd keeps for backward while fn(*args) runs forward (each storage counted
     once, as the allocator holds it), and fn's output."""

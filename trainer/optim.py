@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import nullcontext
 
 import torch
@@ -71,6 +72,9 @@ def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, aut
     stepped = guard is None or guard(loss_sum, grad_norm)
     if stepped:
         optimizer.step()
-    scheduler.step()
+    with warnings.catch_warnings():
+        if not stepped:  # the schedule moves on past a skipped step (guard.py): not the misuse torch warns about
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm, stepped
