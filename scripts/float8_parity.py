@@ -8,12 +8,12 @@ float8 passes where its validation losses stay within the spread that bf16 shows
     python scripts/float8_parity.py report /tmp/f8/runs --record docs/throughput/NEW.json --plot NEW.png
 
 `corpus` writes one JSON line per .py file of the running interpreter's standard library and site-packages (sorted,
-up to --mb megabytes): ~18M tokens that every machine has, so a run of 2,000 steps of 8,192 tokens sees no window
-twice (the embedded prose corpus holds ~0.5M tokens). `pack` turns prepared shards into data=longcrawl64's layout
-(train.bin / heldout.bin of 4,096-token documents, tokenizer.json, bos.txt), which needs neither `datasets` nor the
-hub: the GPU machines have neither. `report` reads run folders named `<recipe>-s<seed>` (each with train.py's
-metrics.jsonl) and compares, at every evaluation, each float8 run with the bf16 run of its seed (same initial
-weights, same batches) against the gap between the two bf16 seeds.
+up to --mb megabytes; 70 MB gave ~19M tokens): text every machine has, enough that a run of 2,000 steps of 8,192
+tokens sees no window twice (the embedded prose corpus holds ~0.5M tokens). `pack` turns prepared shards into
+data=longcrawl64's layout (train.bin / heldout.bin of 4,096-token documents, tokenizer.json, bos.txt), which needs
+neither `datasets` nor the hub: the GPU machines have neither. `report` reads run folders named `<recipe>-s<seed>`
+(each with train.py's metrics.jsonl) and compares, at every evaluation, each float8 run with the bf16 run of its seed
+(same initial weights, same batches) against the gap between the two bf16 seeds.
 """
 
 from __future__ import annotations
