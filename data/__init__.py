@@ -33,7 +33,7 @@ __all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "Trai
 
 SOURCES = {
     "embedded": lambda cfg: embedded.documents(),
-    "text": lambda cfg: text.documents(cfg.get("files"), cfg.get("format", "text"), cfg.get("text_field", "text"),
+    "text": lambda cfg: text.documents(cfg.get("files"), cfg.get("format", "auto"), cfg.get("text_field", "text"),
                                        cfg.get("sample_by", "document")),
     "fineweb": fineweb.documents,
     "fineweb_edu": fineweb.documents,

@@ -66,7 +66,7 @@ def _json_error(line: str) -> str | None:
 MAX_MISSING = 0.1
 
 
-def documents(files, format: str = "text", text_field: str = "text", sample_by: str = "document") -> list[str]:
+def documents(files, format: str = "auto", text_field: str = "text", sample_by: str = "document") -> list[str]:
     from datasets import load_dataset
 
     paths = _expand(files)

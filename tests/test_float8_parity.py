@@ -15,7 +15,7 @@ def test_corpus_packs_into_arrays_that_data_longcrawl64_reads(tmp_path):
     main(["corpus", str(tmp_path / "corpus.jsonl"), "--mb", "0.2"])
     rows = [json.loads(line) for line in (tmp_path / "corpus.jsonl").read_text().splitlines()]
     assert len(rows) >= 2 and all(len(r["text"]) >= 200 for r in rows)
-    cfg = {"name": "text", "files": str(tmp_path / "corpus.jsonl"), "format": "json", "tokenizer": "bpe",
+    cfg = {"name": "text", "files": str(tmp_path / "corpus.jsonl"), "tokenizer": "bpe",  # format: auto, as the yaml
            "vocab_size": 300, "val_every": 2, "cache_dir": str(tmp_path / "cache")}
     info = data_lib.prepare(cfg, progress=False)
     main(["pack", info.dir, str(tmp_path / "packed"), "--doc-len", "64"])
