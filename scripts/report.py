@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_train  # noqa: E402  (the benchmark's own table functions)
 import longest_cp  # noqa: E402
+import scale_report  # noqa: E402
 import official_ab  # noqa: E402
 import official_ab_copying  # noqa: E402
 import seed_spread  # noqa: E402
@@ -38,6 +39,8 @@ FIRST_STEP_H200_FRESH = DOCS / "gpu/first_step_h200_fresh_2026-11-27.json"
 GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-27.json"
 FSDP2_PROFILE = DOCS / "multi_gpu/fsdp2_profile_4xh200_2026-11-27.json"
 FSDP2_PROFILE_2 = DOCS / "multi_gpu/fsdp2_profile_2xh200_2026-11-27.json"
+FSDP2_PROFILE_4_BF16 = DOCS / "multi_gpu/fsdp2_profile_4xh200_bf16_2026-11-27.json"
+SCALE_4 = DOCS / "multi_gpu/scale_4xh200_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
@@ -337,19 +340,27 @@ def mqar_seeds_table() -> str:
                               f"{', '.join(p.name for p in paths)}; the grid: {', '.join(MQAR_GRID)}")
 
 
-def fsdp2_2xh200_table() -> str:
-    """DDP, FSDP2 and FSDP2 gathering in bf16 on 2 GPUs, each call: untraced tokens/s, memory, the traced steps."""
-    r = load(FSDP2_PROFILE_2)
+def fsdp2_calls_table(path: Path) -> str:
+    """DDP, FSDP2 and FSDP2 gathering in bf16, each call: untraced tokens/s, memory, the traced steps."""
+    r = load(path)
     names = {"ddp": "DDP", "fsdp": "FSDP2", "fsdp_bf16": "FSDP2, bf16 gather"}
-    lines = ["| 124m, 2 GPUs | call (steps) | tokens/s | of DDP | GiB a GPU | val loss | GPU busy, ms a traced step |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| 124m | call (steps) | tokens/s | of DDP | GiB a GPU | val loss | GPU busy, ms a traced step | "
+             "exposed NCCL, ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, c in enumerate(r["calls"], 1):
         for k, name in names.items():
             t = c["steady_tokens_per_s"][k]
             lines.append(f"| {name} | {i} ({', '.join(map(str, c['steady_steps']))}) | {t:,} | "
                          f"{t / c['steady_tokens_per_s']['ddp']:.1%} | {c['peak_mem_gib'][k]:.1f} | "
-                         f"{c['final_loss'][k]['val']:.4f} | {c['profile'][k]['gpu_busy_ms']:.1f} |")
+                         f"{c['final_loss'][k]['val']:.4f} | {c['profile'][k]['gpu_busy_ms']:.1f} | "
+                         f"{c['profile'][k]['nccl_exposed_ms']:.1f} |")
     return "\n".join(lines) + f"\n\n{short_device(r['device'])}, {r['date']}, torch {r['torch']}: {r['command']}"
+
+
+def scale_table(path: Path) -> str:
+    """scripts/scale.sh's record: throughput against 1 GPU, fp32 losses, the sweep."""
+    rec = load(path)
+    return scale_report.table(rec) + (f"\n\n{rec['device']}, {rec['date']}: " +
+                                      "; ".join(f"`{c}`" for c in rec["commands"]) + f" ({rec['settings']})")
 
 
 def fsdp_1_3b() -> tuple[float, float, float]:
@@ -457,6 +468,17 @@ def summary_table() -> str:
     rows.append(("FSDP2 against DDP on 2 GPUs, 124m (parameters gathered in fp32 / bf16)",
                  f"{last['ratio']:.0%} / {last['ratio_bf16']:.0%} of DDP's tokens/s",
                  f"{short_device(fp2['device'])}, {fp2['date']}", "docs/multi_gpu/README.md"))
+    fp4 = load(FSDP2_PROFILE_4_BF16)["calls"][-1]
+    rows.append(("FSDP2 against DDP on 4 GPUs, 124m (parameters gathered in fp32 / bf16)",
+                 f"{fp4['ratio']:.1%} / {fp4['ratio_bf16']:.1%} of DDP's tokens/s; "
+                 f"{fp4['profile']['fsdp_bf16']['nccl_exposed_ms']:.0f} ms a step of exposed communication either way",
+                 f"{short_device(load(FSDP2_PROFILE_4_BF16)['device'])}, 2026-11-27", "docs/multi_gpu/README.md"))
+    sc = load(SCALE_4)["throughput"]
+    rows.append(("1 → 2 → 4 GPUs at a fixed batch a GPU, 370m/4096 transformer + RoPE (DDP / FSDP2)",
+                 ", ".join(f"{n} GPUs " + " / ".join(f"{sc[c][n]['efficiency']:.0%}" for c in
+                                                      ("370m_transformer_ddp", "370m_transformer_fsdp"))
+                           for n in ("2", "4")) + " of linear scaling",
+                 f"{short_device(load(SCALE_4)['device'])}, 2026-11-27", "docs/multi_gpu/README.md"))
     cp = [s for s in load(CP_LONGEST[-1])["summary"] if s["case"] == "gla+nope"]
     one, most = cp[0], cp[-1]
     cp_rec = load(CP_LONGEST[-1])
@@ -502,7 +524,9 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "official_ab_fits": official_ab_fits_table, "official_ab_copying": official_ab_copying_table,
           "official_ab_copying_steps": official_ab_copying_steps_table, "dcp": dcp_table,
           "cp_longest": cp_longest_table,
-          "scaling_4": scaling_4_table, "fsdp2_2xh200": fsdp2_2xh200_table}
+          "scaling_4": scaling_4_table, "fsdp2_2xh200": lambda: fsdp2_calls_table(FSDP2_PROFILE_2),
+          "fsdp2_4xh200_bf16": lambda: fsdp2_calls_table(FSDP2_PROFILE_4_BF16),
+          "scale_4xh200": lambda: scale_table(SCALE_4)}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 

@@ -9,8 +9,10 @@
 #   sweep       seed 004's S2 comparison (scripts/synthetic_gpu.sh parity, EPOCHS, default 1) on 1 GPU and dealt out
 #               to every GPU: wall time of each
 # Usage: bash scripts/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in /tmp/scale)
-# NGPUS (default: 1 and each power of 2 up to the GPUs present) sets the counts. SMOKE=1 runs the same commands at the
-# tiny size on the CPU with gloo (NGPUS default "1 2"), which is how tests/test_scale.py checks the script.
+# NGPUS (default: 1 and each power of 2 up to the GPUs present) sets the counts; SMALL and LARGE (";"-separated
+# "backbone pe" pairs, empty for none) replace the throughput cases of each size, to split the record over calls.
+# SMOKE=1 runs the same commands at the tiny size on the CPU with gloo (NGPUS default "1 2"), which is how
+# tests/test_scale.py checks the script.
 set -uo pipefail
 out=${1:?usage: scale.sh OUT [throughput|loss|sweep|all]}
 mode=${2:-all}
@@ -28,6 +30,8 @@ else
   sizes=(370m 1_3b) seq=4096 lseq=1024 micro=8 device= compile=true
   small=("gla nope" "gated_deltanet nope" "transformer rope") large=("transformer rope" "gla nope")
 fi
+[ -n "${SMALL+set}" ] && IFS=';' read -ra small <<< "$SMALL"
+[ -n "${LARGE+set}" ] && IFS=';' read -ra large <<< "$LARGE"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/device.txt"
 common="logger.mode=disabled train.progress=false train.sample_tokens=0 train.eval_interval=100000
         train.ckpt_interval=100000 train.eval_tokens=$((seq * 2)) data.cache_dir=/tmp/scale/cache $device"

@@ -53,25 +53,32 @@ def loss(out: Path) -> dict:
     return res
 
 
-def main(out: Path) -> dict:
-    device = (out / "device.txt").read_text().strip() if (out / "device.txt").exists() else None
-    sweep = [json.loads(x) for x in (out / "sweep.jsonl").read_text().splitlines()] if (out / "sweep.jsonl").exists() \
-        else []
-    rec = {"device": device, "throughput": throughput(out), "loss": loss(out), "sweep": sweep}
-    lines = [f"device: {device}", "", "| config | GPUs | tokens/s | × 1 GPU | efficiency | MFU | peak GiB a GPU |",
+def table(rec: dict) -> str:
+    """The record's Markdown tables (a record read back from JSON has its GPU counts as strings)."""
+    lines = ["| config | GPUs | tokens/s | × 1 GPU | efficiency | MFU | peak GiB a GPU |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for config, by_n in rec["throughput"].items():
-        for n, v in sorted(by_n.items()):
+        for n, v in sorted(by_n.items(), key=lambda kv: int(kv[0])):
             eff, mfu, mem = v["efficiency"], v["mfu"], v["peak_mem_gib"]
-            cells = ["-" if eff is None else f"{n * eff:.2f}", "-" if eff is None else f"{eff:.0%}",
+            cells = ["-" if eff is None else f"{int(n) * eff:.2f}", "-" if eff is None else f"{eff:.0%}",
                      "-" if mfu is None else f"{mfu:.3f}", "-" if mem is None else f"{mem:.1f}"]
             lines.append(f"| {config} | {n} | {v['tokens_per_s']:,.0f} | " + " | ".join(cells) + " |")
     if rec["loss"]:
         lines += ["", "| GPUs | fp32 loss difference to 1 GPU: max / mean |", "|---:|---|"]
         lines += [f"| {n} | {v['max_abs_loss_diff']:.2g} / {v['mean_abs_loss_diff']:.2g} |"
                   for n, v in rec["loss"].items() if v["max_abs_loss_diff"] is not None]
-    if sweep:
-        lines += ["", "| sweep on | wall |", "|---:|---:|"] + [f"| {s['gpus']} GPUs | {s['wall_s']} s |" for s in sweep]
+    if rec["sweep"]:
+        lines += ["", "| sweep on | wall |", "|---:|---:|"]
+        lines += [f"| {s['gpus']} GPUs | {s['wall_s']} s |" for s in rec["sweep"]]
+    return "\n".join(lines)
+
+
+def main(out: Path) -> dict:
+    device = (out / "device.txt").read_text().strip() if (out / "device.txt").exists() else None
+    sweep = [json.loads(x) for x in (out / "sweep.jsonl").read_text().splitlines()] if (out / "sweep.jsonl").exists() \
+        else []
+    rec = {"device": device, "throughput": throughput(out), "loss": loss(out), "sweep": sweep}
+    lines = [f"device: {device}", "", table(rec)]
     write_atomic(out / "scale.json", json.dumps(rec, indent=1))
     write_atomic(out / "scale.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -83,8 +90,10 @@ def main(out: Path) -> dict:
                 a.plot(ns, [by_n[n]["tokens_per_s"] for n in ns], marker="o", label=config)
                 if all(by_n[n]["efficiency"] is not None for n in ns):
                     b.plot(ns, [100 * by_n[n]["efficiency"] for n in ns], marker="o", label=config)
+            counts = sorted({n for by_n in rec["throughput"].values() for n in by_n})
             for ax in (a, b):
                 ax.set_xscale("log", base=2)
+                ax.set_xticks(counts, [str(n) for n in counts])  # 1, 2, 4, 8 rather than powers of 2
                 ax.set_xlabel("GPUs")
                 ax.grid(alpha=0.3)
             a.set(ylabel="tokens/s", title="throughput at a fixed batch a GPU")

@@ -44,3 +44,13 @@ def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
     assert all(set(v) == {"1", "2"} and v["1"]["efficiency"] == 1.0 for v in rec["throughput"].values())
     assert rec["loss"]["2"]["max_abs_loss_diff"] < 1e-5  # 2 gloo processes against 1 with accumulation, fp32
     assert (tmp_path / "scale.png").stat().st_size > 10_000
+
+
+def test_small_and_large_choose_the_throughput_cases(tmp_path):
+    env = {**os.environ, "SMOKE": "1", "STEPS": "2", "NGPUS": "1", "SMALL": "transformer rope", "LARGE": "",
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path), "throughput"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.count("rc=0") == 2, r.stdout[-3000:]
+    rec = json.loads((tmp_path / "scale.json").read_text())
+    assert set(rec["throughput"]) == {"tiny_transformer_ddp", "tiny_transformer_fsdp"}
