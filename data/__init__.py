@@ -94,7 +94,9 @@ def _changes(then: list | None, now: list) -> str:
     return "source files " + ", ".join(x for x in parts if not x.startswith("0 "))
 
 
-def _load(d: Path) -> DataInfo:
+def open_prepared(d: Path) -> DataInfo:
+    """A folder that prepare() wrote (its meta.json, tokenizer.json and shards), as prepare() returns it."""
+    d = Path(d)
     meta = json.loads((d / "meta.json").read_text())
     tok = Tokenizer.from_dict(json.loads((d / "tokenizer.json").read_text()))
     return DataInfo([str(d / s) for s in meta["train"]], [str(d / s) for s in meta["val"]], tok,
@@ -198,7 +200,7 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
                   file=sys.stderr)
             shutil.rmtree(d)
     if (d / "meta.json").exists():
-        return _load(d)
+        return open_prepared(d)
     d.mkdir(parents=True, exist_ok=True)
     if sources is not None:
         write_atomic(d / "sources.json", json.dumps(sources))
@@ -229,4 +231,4 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
             "n_train_tokens": state["tokens"]["train"], "n_val_tokens": state["tokens"]["val"],
             "n_docs": n_docs, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "config": cfg}
     write_atomic(d / "meta.json", json.dumps(meta, indent=1, default=str))
-    return _load(d)
+    return open_prepared(d)

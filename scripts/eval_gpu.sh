@@ -13,6 +13,7 @@ quiet() { grep -v -E "WARNING|INFO|it/s\]|batch/s\]|Warning"; }
 if [ "$PHASE" != eval ]; then
   for spec in transformer/rope gla/nope; do
     b=${spec%/*}; p=${spec#*/}
+    rm -rf $RUNS/$b-$p  # a fresh run: resume=auto would continue an earlier call's folder
     python3 train.py backbone=$b pe=$p model=124m train.steps=$STEPS train.global_batch_tokens=131072 \
       train.micro_batch=16 train.log_interval=50 train.eval_interval=$STEPS train.ckpt_interval=100000 \
       train.compile=false train.sample_tokens=0 train.progress=false logger.mode=disabled out_dir=$RUNS/$b-$p \

@@ -51,21 +51,22 @@ def corpus(out: str, mb: float) -> None:
 
 def pack(prepared: str, out: str, doc_len: int = 4096) -> None:
     from duality.common.io import atomic_open
+    from duality.data import open_prepared
     from duality.data.shards import read_shard
-    meta = json.loads((Path(prepared) / "meta.json").read_text())
-    tok = json.loads((Path(prepared) / "tokenizer.json").read_text())
-    if tok["kind"] not in ("bpe", "hf") or meta["vocab_size"] > 2 ** 16:
+    info = open_prepared(Path(prepared))
+    tok = info.tokenizer
+    if tok.kind not in ("bpe", "hf") or tok.vocab_size > 2 ** 16:
         raise SystemExit(f"{prepared}: a BPE (trained or pretrained) of at most 65,536 tokens packs as uint16; this "
-                         f"one is {tok['kind']} with {meta['vocab_size']}")
+                         f"one is {tok.kind} with {tok.vocab_size}")
     Path(out).mkdir(parents=True, exist_ok=True)
-    for split, name in (("train", "train"), ("val", "heldout")):
-        tokens = np.concatenate([read_shard(Path(prepared) / s) for s in meta[split]])
+    for shards, name in ((info.train_shards, "train"), (info.val_shards, "heldout")):
+        tokens = np.concatenate([read_shard(s) for s in shards])
         docs = tokens[:len(tokens) // doc_len * doc_len].astype("<u2")
         with atomic_open(Path(out) / f"{name}.bin", "wb") as f:
             f.write(docs.tobytes())
         print(f"{out}/{name}.bin: {len(docs) // doc_len:,} documents of {doc_len} tokens")
-    (Path(out) / "tokenizer.json").write_text(tok["spec"])
-    (Path(out) / "bos.txt").write_text(f"{meta['eot_id']}\n")  # data.bos_id: the end-of-text token
+    (Path(out) / "tokenizer.json").write_text(tok.spec)
+    (Path(out) / "bos.txt").write_text(f"{tok.eot_id}\n")  # data.bos_id: the end-of-text token
 
 
 def curves(runs: Path) -> dict[str, dict[int, float]]:

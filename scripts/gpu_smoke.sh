@@ -7,7 +7,7 @@ mkdir -p "$out"
 common="logger.mode=disabled train.progress=false train.sample_tokens=32"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/device.txt"
-run() { name=$1; shift; echo "=== $name: $*"; python3 train.py "$@" $common out_dir=/tmp/runs/$name 2>&1 | tee "$out/$name.log" | grep -E "model:|train:|step +[0-9]+ \||sample:|error|Error" ; }
+run() { name=$1; shift; echo "=== $name: $*"; rm -rf /tmp/runs/$name; python3 train.py "$@" $common out_dir=/tmp/runs/$name 2>&1 | tee "$out/$name.log" | grep -E "model:|train:|step +[0-9]+ \||sample:|error|Error" ; }
 run 124m_compiled model=124m train.steps=30 train.log_interval=10 train.eval_interval=30 train.ckpt_interval=30
 run 124m_eager model=124m train.steps=10 train.log_interval=5 train.eval_interval=10 train.ckpt_interval=10 train.compile=false
 run tiny_alibi pe=alibi train.steps=20 train.log_interval=10

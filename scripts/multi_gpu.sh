@@ -26,6 +26,8 @@ base="model=124m train.micro_batch=32 train.eval_interval=100000 train.eval_toke
 run() {  # name nproc overrides...
   name=$1 n=$2; shift 2
   echo "=== $name ($n GPU, started $(date +%T)): $*"
+  # a fresh run (resume=auto would continue a folder left by an earlier call), unless keep=1 (a resume set up here)
+  [ -n "${keep:-}" ] || rm -rf "/tmp/mg/$name"
   python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $base out_dir=/tmp/mg/$name "$@" \
     > "$out/$name.log" 2>&1
   echo "rc=$?"; grep -E "train:|step +[0-9]+0 \||error" "$out/$name.log" | tail -3
@@ -37,9 +39,9 @@ if [[ $mode == curves || $mode == all ]]; then
   run gpu1 1 $c
   run gpu1_micro16 1 $c train.micro_batch=16
   run gpu2_ddp 2 $c
-  mkdir -p /tmp/mg/gpu2_resume/checkpoints  # the 2-GPU run as if stopped after its step-100 checkpoint
+  rm -rf /tmp/mg/gpu2_resume && mkdir -p /tmp/mg/gpu2_resume/checkpoints  # the 2-GPU run as if stopped after its step-100 checkpoint
   cp /tmp/mg/gpu2_ddp/checkpoints/step_0000100.pt /tmp/mg/gpu2_resume/checkpoints/
-  run gpu2_resume 2 $c
+  keep=1 run gpu2_resume 2 $c
   run gpu2_fsdp 2 $c train.strategy=fsdp
 fi
 if [[ $mode == fp32 || $mode == all ]]; then
@@ -72,10 +74,10 @@ if [[ $mode == dcp ]]; then
      train.dtype=fp32 train.compile=false train.checkpoint_format=sharded"
   run dcp_fsdp2 2 $c train.strategy=fsdp
   for n in 2 1; do  # the FSDP2 run as if stopped after its step-30 checkpoint, resumed on n GPUs
-    mkdir -p /tmp/mg/dcp_resume$n/checkpoints && cp -r /tmp/mg/dcp_fsdp2/checkpoints/step_0000030 /tmp/mg/dcp_resume$n/checkpoints/
+    rm -rf /tmp/mg/dcp_resume$n && mkdir -p /tmp/mg/dcp_resume$n/checkpoints && cp -r /tmp/mg/dcp_fsdp2/checkpoints/step_0000030 /tmp/mg/dcp_resume$n/checkpoints/
   done
-  run dcp_resume2 2 $c train.strategy=fsdp
-  run dcp_resume1 1 $c
+  keep=1 run dcp_resume2 2 $c train.strategy=fsdp
+  keep=1 run dcp_resume1 1 $c
   run dcp_async 2 $c train.strategy=fsdp train.async_checkpoint=true
   ls -R /tmp/mg/dcp_fsdp2/checkpoints /tmp/mg/dcp_async/checkpoints | tee "$out/dcp_checkpoints.txt"
 fi

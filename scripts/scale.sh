@@ -8,7 +8,7 @@
 #               (the same global batch, gradient accumulation making up the difference)
 #   sweep       seed 004's S2 comparison (scripts/synthetic_gpu.sh parity, EPOCHS, default 1) on 1 GPU and dealt out
 #               to every GPU: wall time of each
-# Usage: bash scripts/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in /tmp/scale)
+# Usage: bash scripts/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in WORK, default /tmp/scale)
 # NGPUS (default: 1 and each power of 2 up to the GPUs present) sets the counts; SMALL and LARGE (";"-separated
 # "backbone pe" pairs, empty for none) replace the throughput cases of each size, to split the record over calls.
 # SMOKE=1 runs the same commands at the tiny size on the CPU with gloo (NGPUS default "1 2"), which is how
@@ -16,7 +16,8 @@
 set -uo pipefail
 out=${1:?usage: scale.sh OUT [throughput|loss|sweep|all]}
 mode=${2:-all}
-mkdir -p "$out" /tmp/scale
+work=${WORK:-/tmp/scale}
+mkdir -p "$out" "$work"
 steps=${STEPS:-30}
 if [ -n "${SMOKE:-}" ]; then
   gpus=${NGPUS:-1 2}
@@ -34,14 +35,15 @@ fi
 [ -n "${LARGE+set}" ] && IFS=';' read -ra large <<< "$LARGE"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/device.txt"
 common="logger.mode=disabled train.progress=false train.sample_tokens=0 train.eval_interval=100000
-        train.ckpt_interval=100000 train.eval_tokens=$((seq * 2)) data.cache_dir=/tmp/scale/cache $device"
+        train.ckpt_interval=100000 train.eval_tokens=$((seq * 2)) data.cache_dir=$work/cache $device"
 run() {  # name nproc overrides...
   name=$1 n=$2; shift 2
   echo "=== $name ($n, started $(date +%T)): $*"
-  python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $common out_dir=/tmp/scale/$name "$@" \
+  rm -rf "$work/$name"  # a fresh run: train.py's resume=auto would continue a folder left by an earlier call
+  python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $common out_dir=$work/$name "$@" \
     > "$out/$name.log" 2>&1
   echo "rc=$?"; grep -E "error|Error" "$out/$name.log" | tail -2
-  cp /tmp/scale/$name/metrics.jsonl "$out/$name.metrics.jsonl" 2>/dev/null
+  cp $work/$name/metrics.jsonl "$out/$name.metrics.jsonl" 2>/dev/null
 }
 if [[ $mode == throughput || $mode == all ]]; then
   for n in $gpus; do
@@ -72,7 +74,7 @@ if [[ $mode == sweep || $mode == all ]] && [ -z "${SMOKE:-}" ]; then
   most=$(echo $gpus | tr ' ' '\n' | tail -1)
   for g in "0" "$(seq -s ' ' 0 $((most - 1)))"; do  # every job on one GPU, then dealt out to all
     k=$(echo $g | wc -w) t=$(date +%s)
-    RUNS=/tmp/scale/sweep_$k GPUS="$g" EPOCHS=${EPOCHS:-1} bash scripts/synthetic_gpu.sh /tmp/scale/sweep_out parity \
+    RUNS=$work/sweep_$k GPUS="$g" EPOCHS=${EPOCHS:-1} bash scripts/synthetic_gpu.sh $work/sweep_out parity \
       > "$out/sweep_${k}gpu.log" 2>&1
     echo "{\"gpus\": $k, \"wall_s\": $(( $(date +%s) - t ))}" >> "$out/sweep.jsonl"
   done

@@ -8,6 +8,7 @@ OUT=${1:?usage: sympow_gpu.sh OUT}; STEPS=${STEPS:-200}; mkdir -p "$OUT"
 python3 -m pytest -q tests/test_attention.py tests/test_sympow.py 2>&1 | tail -2 | tee "$OUT/pytest.txt"
 common="model=124m train.global_batch_tokens=131072 train.micro_batch=16 train.log_interval=50
   train.ckpt_interval=100000 train.sample_tokens=0 train.progress=false logger.mode=disabled"
+rm -rf /tmp/sympow_runs  # fresh runs: resume=auto would continue an earlier call's folders
 for arch in sympow conformal_sympow; do
   python3 train.py arch=$arch $common train.steps=$STEPS train.eval_interval=$STEPS train.compile=false \
     out_dir=/tmp/sympow_runs/$arch 2>&1 | grep -E "^(model|train|step .*(val|00 \|))" | tee -a "$OUT/train.txt"

@@ -9,6 +9,7 @@ backbones=${*:-transformer linear_attn gla deltanet gated_deltanet retnet mamba2
 for b in $backbones; do
   pe=${PE:-rope}; [ -z "${PE:-}" ] && case $b in path|path_fox) pe=nope;; esac
   steps=${STEPS:-200}
+  rm -rf /tmp/runs/$b-$pe-${COMPILE:-false}  # a fresh run: resume=auto would continue an earlier call's folder
   python3 train.py backbone=$b pe=$pe model=124m train.steps=$steps train.global_batch_tokens=16384 train.micro_batch=16 \
     train.log_interval=10 train.eval_interval=$steps train.ckpt_interval=100000 train.compile=${COMPILE:-false} train.sample_tokens=0 \
     train.progress=false logger.mode=disabled out_dir=/tmp/runs/$b-$pe-${COMPILE:-false} > "/tmp/runs/$b.log" 2>&1

@@ -34,8 +34,8 @@ def test_report_scaling_efficiency_and_loss_differences(tmp_path):
 
 @pytest.mark.slow
 def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
-    env = {**os.environ, "SMOKE": "1", "STEPS": "3", "LOSS_STEPS": "4", "PATH": f"{os.path.dirname(sys.executable)}:"
-           f"{os.environ['PATH']}"}
+    env = {**os.environ, "SMOKE": "1", "STEPS": "3", "LOSS_STEPS": "4", "WORK": str(tmp_path / "work"),
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path), "all"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.count("rc=0") == 8, r.stdout[-3000:]
@@ -46,11 +46,30 @@ def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
     assert (tmp_path / "scale.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_small_and_large_choose_the_throughput_cases(tmp_path):
     env = {**os.environ, "SMOKE": "1", "STEPS": "2", "NGPUS": "1", "SMALL": "transformer rope", "LARGE": "",
-           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+           "WORK": str(tmp_path / "work"), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path), "throughput"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.count("rc=0") == 2, r.stdout[-3000:]
     rec = json.loads((tmp_path / "scale.json").read_text())
     assert set(rec["throughput"]) == {"tiny_transformer_ddp", "tiny_transformer_fsdp"}
+
+
+@pytest.mark.slow
+def test_four_gloo_processes_give_one_process_losses_and_every_run_starts_fresh(tmp_path):
+    """The loss mode at 4 processes (the issue's CPU check at 2 and 4; 2 is the smoke test above): the same global
+    batch, each process a quarter, fp32, against 1 process with 4x the accumulation. A 1-process run of 4 steps is
+    left in the work folder first: the script must not resume it (it did, and compared against a stale schedule)."""
+    env = {**os.environ, "SMOKE": "1", "WORK": str(tmp_path / "work"),
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+
+    def loss(ngpus, steps):
+        r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path / "out"), "loss"], cwd=ROOT, capture_output=True,
+                           env={**env, "NGPUS": ngpus, "LOSS_STEPS": steps}, text=True, timeout=600)
+        assert r.returncode == 0 and r.stdout.count("rc=0") == len(ngpus.split()), r.stdout[-3000:]
+        return json.loads((tmp_path / "out" / "scale.json").read_text())["loss"]
+    assert loss("1", "4")["1"]["steps"] == 4
+    rec = loss("1 4", "3")
+    assert rec["1"]["steps"] == 3 and rec["4"]["steps"] == 3 and rec["4"]["max_abs_loss_diff"] < 1e-5
