@@ -33,11 +33,23 @@ def help_text(what: str, config_name: str) -> str:
     return HELP.get(config_name, HELP["config"]) if what == "HEADER" else FOOTER
 
 
+def _register_launcher():
+    """hydra/launcher=gpus (hydra_plugins/duality_launcher): Hydra finds plugins by listing the hydra_plugins
+    namespace's folders, which misses a package installed in editable mode (pip install -e: an import hook, not a
+    folder), so it is added to Hydra's table by name; a regular install is found either way."""
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.duality_launcher.gpus import GPUsLauncher
+
+    name = f"{GPUsLauncher.__module__}.{GPUsLauncher.__name__}"
+    Plugins.instance().class_name_to_class.setdefault(name, GPUsLauncher)
+
+
 def cli(run_fn, config_name: str, script: str | None = None):
     import hydra
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("duality_help", lambda what: help_text(what, script or config_name), replace=True)
+    _register_launcher()
 
     # an absolute path: with the repo pip-installed, Hydra would read a relative config_path as a Python package
     @hydra.main(config_path=str(CONF), config_name=config_name, version_base="1.3")

@@ -6,8 +6,8 @@
 #   loss        LOSS_STEPS (20) fp32 steps of 65,536 tokens without compile, 124m transformer + RoPE: each GPU count
 #               against 1 GPU
 #               (the same global batch, gradient accumulation making up the difference)
-#   sweep       seed 004's S2 comparison (scripts/synthetic_gpu.sh parity, EPOCHS, default 1) on 1 GPU and dealt out
-#               to every GPU: wall time of each
+#   sweep       seed 004's S2 comparison (python train.py -m sweep=parity seed=0, EPOCHS, default 1) on 1 GPU and
+#               dealt out to every GPU by hydra/launcher=gpus: wall time of each
 # Usage: bash scripts/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in WORK, default /tmp/scale)
 # NGPUS (default: 1 and each power of 2 up to the GPUs present) sets the counts; SMALL and LARGE (";"-separated
 # "backbone pe" pairs, empty for none) replace the throughput cases of each size, to split the record over calls.
@@ -70,13 +70,23 @@ if [[ $mode == loss || $mode == all ]]; then
       train.micro_batch=$micro model.seq_len=$lseq train.log_interval=1 train.dtype=fp32 train.compile=false
   done
 fi
-if [[ $mode == sweep || $mode == all ]] && [ -z "${SMOKE:-}" ]; then
+if [[ $mode == sweep || $mode == all ]]; then
+  # seed 004's S2 comparison (seed 0: GLA and transformer x NoPE, RoPE, Selective RoPE) as one -m command, its jobs
+  # dealt out by hydra/launcher=gpus: all on GPU 0, then over every GPU; PER_GPU (default 6) jobs at once on a GPU
   most=$(echo $gpus | tr ' ' '\n' | tail -1)
-  for g in "0" "$(seq -s ' ' 0 $((most - 1)))"; do  # every job on one GPU, then dealt out to all
-    k=$(echo $g | wc -w) t=$(date +%s)
-    RUNS=$work/sweep_$k GPUS="$g" EPOCHS=${EPOCHS:-1} bash scripts/synthetic_gpu.sh $work/sweep_out parity \
-      > "$out/sweep_${k}gpu.log" 2>&1
-    echo "{\"gpus\": $k, \"wall_s\": $(( $(date +%s) - t ))}" >> "$out/sweep.jsonl"
+  tiny=()
+  [ -n "${SMOKE:-}" ] && tiny=(backbone=transformer train.steps=2 train.epochs=null train.batch_size=16
+    train.micro_batch=16 data.train_examples=64 data.test_examples=16 data.seq_len=16 data.eval_len=32
+    train.eval_interval=2 model.d_model=32 model.n_heads=2 train.device=cpu)
+  for g in "0" "$(seq -s , 0 $((most - 1)))"; do
+    k=$(echo $g | tr , ' ' | wc -w) t=$(date +%s)
+    rm -rf "$work/sweep_$k"  # fresh: its jobs would resume (resume=auto) what an earlier call left there
+    python3 train.py -m sweep=parity seed=0 train.epochs=${EPOCHS:-1} "${tiny[@]}" hydra/launcher=gpus \
+      "hydra.launcher.gpus=[$g]" hydra.launcher.per_gpu=${PER_GPU:-6} hydra.sweep.dir=$work/sweep_$k \
+      logger.mode=disabled train.progress=false > "$out/sweep_${k}gpu.log" 2>&1
+    rc=$?
+    echo "{\"gpus\": $k, \"wall_s\": $(( $(date +%s) - t )), \"rc\": $rc}" | tee -a "$out/sweep.jsonl"
+    cp "$work/sweep_$k/launcher.jsonl" "$out/sweep_${k}gpu.launcher.jsonl" 2>/dev/null
   done
 fi
 python3 scripts/scale_report.py "$out"

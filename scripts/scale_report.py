@@ -68,8 +68,8 @@ def table(rec: dict) -> str:
         lines += [f"| {n} | {v['max_abs_loss_diff']:.2g} / {v['mean_abs_loss_diff']:.2g} |"
                   for n, v in rec["loss"].items() if v["max_abs_loss_diff"] is not None]
     if rec["sweep"]:
-        lines += ["", "| sweep on | wall |", "|---:|---:|"]
-        lines += [f"| {s['gpus']} GPUs | {s['wall_s']} s |" for s in rec["sweep"]]
+        lines += ["", "| sweep on | wall | exit code |", "|---:|---:|---:|"]
+        lines += [f"| {s['gpus']} GPUs | {s['wall_s']} s | {s.get('rc', '-')} |" for s in rec["sweep"]]
     return "\n".join(lines)
 
 

@@ -44,6 +44,11 @@ def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
     assert all(set(v) == {"1", "2"} and v["1"]["efficiency"] == 1.0 for v in rec["throughput"].values())
     assert rec["loss"]["2"]["max_abs_loss_diff"] < 1e-5  # 2 gloo processes against 1 with accumulation, fp32
     assert (tmp_path / "scale.png").stat().st_size > 10_000
+    # the S2 sweep as one -m command, on "GPU" 0 and dealt out to "GPUs" 0 and 1 (hydra/launcher=gpus)
+    assert [(s["gpus"], s["rc"]) for s in rec["sweep"]] == [(1, 0), (2, 0)]
+    for k, gpus in ((1, {0}), (2, {0, 1})):
+        jobs = [json.loads(x) for x in (tmp_path / f"sweep_{k}gpu.launcher.jsonl").read_text().splitlines()]
+        assert len(jobs) == 3 and {j["gpu"] for j in jobs} == gpus and {j["status"] for j in jobs} == {"COMPLETED"}
 
 
 @pytest.mark.slow

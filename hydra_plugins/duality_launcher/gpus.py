@@ -1,0 +1,159 @@
+"""A Hydra launcher that deals a sweep's jobs out to the GPUs of one machine: `hydra/launcher=gpus`.
+
+    python train.py -m sweep=parity hydra/launcher=gpus                          # every visible GPU, a job on each
+    python train.py -m sweep=parity hydra/launcher=gpus hydra.launcher.per_gpu=4 # small models: 4 jobs a GPU at once
+
+Hydra's basic launcher runs the jobs one after another in its own process, on one GPU; the submitit launcher's local
+mode gives every job the same GPUs. Here each job is a process of its own, started with CUDA_VISIBLE_DEVICES set to
+one GPU, and a GPU takes its next job when one of its own ends, so jobs of unequal length keep every GPU busy. A
+job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` says which GPU ran which job, when, and
+how it ended. Each job is Hydra's own multirun job (its folder, hydra.job.num, the sweep's wandb group), as the basic
+launcher would run it. The job is handed over with cloudpickle (a dependency of submitit, so installed with this repo)
+because the task function Hydra passes is a closure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+class GPUsLauncher(Launcher):
+    def __init__(self, gpus: Sequence[int] | None = None, per_gpu: int = 1) -> None:
+        if int(per_gpu) < 1:
+            raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
+        self.gpus, self.per_gpu = (None if gpus is None else [int(g) for g in gpus]), int(per_gpu)
+        self.config = self.task_function = self.hydra_context = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import cloudpickle
+
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        (sweep_dir / ".launcher").mkdir(parents=True, exist_ok=True)
+        gpus = self.gpus if self.gpus is not None else visible_gpus()
+        # a slot is one job at a time on one GPU (None: no GPU, the jobs share the CPU); a GPU's slots interleave
+        slots = [g for _ in range(self.per_gpu) for g in (gpus or [None])]
+        log.info(f"Launching {len(job_overrides)} jobs on {f'GPUs {gpus}' if gpus else 'the CPU'}, "
+                 f"{self.per_gpu} at once on each")
+        todo: queue.Queue = queue.Queue()
+        for i, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + i
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.id = idx
+                cfg.hydra.job.num = idx
+            job_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+            payload = sweep_dir / ".launcher" / f"{idx}.pkl"
+            payload.write_bytes(cloudpickle.dumps((self.hydra_context, self.task_function, cfg, Singleton.get_state())))
+            todo.put((idx, list(overrides), cfg, job_dir, payload))
+        results: dict[int, JobReturn] = {}
+        lock = threading.Lock()
+
+        def worker(gpu):
+            while True:
+                try:
+                    idx, overrides, cfg, job_dir, payload = todo.get_nowait()
+                except queue.Empty:
+                    return
+                job_dir.mkdir(parents=True, exist_ok=True)
+                env = dict(os.environ) if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+                where = "the CPU" if gpu is None else f"GPU {gpu}"
+                log.info(f"\t#{idx} on {where}: {' '.join(filter_overrides(overrides))} (log: {job_dir / 'job.log'})")
+                start = time.time()
+                with open(job_dir / "job.log", "ab") as out:
+                    rc = subprocess.run([sys.executable, "-m", __name__, str(payload)], env=env, stdout=out,
+                                        stderr=subprocess.STDOUT).returncode
+                ret = _read_return(payload, rc, cfg, job_dir)
+                with lock:
+                    results[idx] = ret
+                    with open(sweep_dir / "launcher.jsonl", "a") as f:
+                        f.write(json.dumps({"job": idx, "gpu": gpu, "overrides": overrides, "start": round(start, 3),
+                                            "wall_s": round(time.time() - start, 3), "status": ret.status.name,
+                                            "returncode": rc}) + "\n")
+                if ret.status != JobStatus.COMPLETED:
+                    log.error(f"\t#{idx} on {where} failed (exit {rc}): see {job_dir / 'job.log'}")
+
+        threads = [threading.Thread(target=worker, args=(g,), daemon=True) for g in slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return [results[i] for i in sorted(results)]
+
+
+def visible_gpus() -> list[int]:
+    """The GPUs this process may use, by index into CUDA_VISIBLE_DEVICES's list (or all of the machine's)."""
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
+def _read_return(payload: Path, rc: int, cfg: DictConfig, job_dir: Path) -> JobReturn:
+    """The parent's JobReturn of a job: its config, and the status and return value the child reported (a failed
+    one naming the exit code when the child died before reporting)."""
+    import pickle
+
+    done = payload.with_suffix(".ret")
+    ret = JobReturn(cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir), task_name=cfg.hydra.job.name)
+    try:
+        ret.status, ret.return_value = pickle.loads(done.read_bytes())
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+        ret.status = JobStatus.FAILED
+        ret.return_value = RuntimeError(f"the job's process exited with code {rc} before reporting: {job_dir}/job.log")
+    finally:
+        payload.unlink(missing_ok=True)
+        done.unlink(missing_ok=True)
+    return ret
+
+
+def _child(payload: Path) -> int:
+    """In the job's process: Hydra's state as the parent had it, then the job as the basic launcher runs it; its
+    status and return value go back (the value as text where it does not pickle)."""
+    import pickle
+    import traceback
+
+    hydra_context, task_function, cfg, state = pickle.loads(payload.read_bytes())
+    print(f"[launcher] job {cfg.hydra.job.num}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
+          flush=True)
+    setup_globals()
+    Singleton.set_state(state)
+    ret = run_job(hydra_context=hydra_context, task_function=task_function, config=cfg,
+                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    value = ret._return_value
+    try:
+        blob = pickle.dumps((ret.status, value))
+    except Exception:
+        failed = ret.status != JobStatus.COMPLETED
+        blob = pickle.dumps((ret.status, RuntimeError(repr(value)) if failed else repr(value)))
+    payload.with_suffix(".tmp").write_bytes(blob)
+    payload.with_suffix(".tmp").replace(payload.with_suffix(".ret"))  # atomic: the parent never reads half a result
+    if ret.status != JobStatus.COMPLETED:
+        traceback.print_exception(value)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(Path(sys.argv[1])))

@@ -1,0 +1,45 @@
+"""hydra/launcher=gpus (hydra_plugins/duality_launcher/gpus.py): a sweep's jobs dealt out to GPUs, each a process with
+its own CUDA_VISIBLE_DEVICES, run here on the CPU (train.device=cpu) with two named "GPUs"."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, compose, metrics_rows, tiny_overrides
+
+from duality import train as train_lib
+
+
+@pytest.mark.slow
+def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, data_cache):
+    args = [a for a in tiny_overrides(tmp_path / "x", data_cache, "train.steps=2") if not a.startswith("out_dir")]
+    sweep = tmp_path / "sweep"
+    # three jobs on two GPUs: the third waits for a GPU; the second fails (a bad value, exit code 2)
+    r = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=gpus", "hydra.launcher.gpus=[3,5]",
+                        "pe=nope,rope,alibi", f"hydra.sweep.dir={sweep}", *args, "optim.warmup=0,-1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "the job's process exited with code 2" in r.stderr, r.stderr[-3000:]
+    jobs = {j["job"]: j for j in map(json.loads, (sweep / "launcher.jsonl").read_text().splitlines())}
+    assert set(jobs) == set(range(6))  # 3 schemes x 2 warmups
+    assert {j["gpu"] for j in jobs.values()} == {3, 5}
+    for n, j in jobs.items():
+        bad = "optim.warmup=-1" in j["overrides"]
+        assert (j["status"], j["returncode"]) == (("FAILED", 2) if bad else ("COMPLETED", 0))
+        log = (sweep / str(n) / "job.log").read_text()
+        assert log.startswith(f"[launcher] job {n}: CUDA_VISIBLE_DEVICES={j['gpu']}\n")
+        assert ("error: optim.warmup" in log) == bad
+    assert "[hydra] Launching 6 jobs on GPUs [3, 5], 1 at once on each" in r.stdout
+    # a finished job trained exactly as the same settings run on their own
+    n = next(n for n, j in jobs.items() if "pe=rope" in j["overrides"] and "optim.warmup=0" in j["overrides"])
+    train_lib.run(compose([*tiny_overrides(tmp_path / "alone", data_cache, "train.steps=2"), "pe=rope",
+                                   "optim.warmup=0"]))
+    rows = [x for x in metrics_rows(sweep / str(n)) if "loss" in x]
+    assert len(rows) == 2 and [x["loss"] for x in rows] == [x["loss"] for x in metrics_rows(tmp_path / "alone")
+                                                            if "loss" in x]
+
+
+def test_per_gpu_must_be_positive():
+    from hydra_plugins.duality_launcher.gpus import GPUsLauncher
+    with pytest.raises(ValueError, match="per_gpu=0: at least 1"):
+        GPUsLauncher(gpus=[0], per_gpu=0)
