@@ -13,6 +13,8 @@ returns the recurrent state (decoding's prefill). Keys already shipped are not t
 are loaded first; --retune ignores them). A stopped --jobs run leaves its processes' results in OUT/.parts/*:
 `--merge OUT/.parts/*` keeps them. With --jobs N the workloads run in N processes at once: Triton's
 compilation of the candidate configs, which dominates, spreads over the CPU cores, at the price of noisier timings.
+Each workload runs in a process of its own, so one that crashes the CUDA context loses only itself; the run exits 1
+naming the workloads that failed.
 """
 
 from __future__ import annotations
@@ -87,15 +89,29 @@ def run_workload(name: str):
     torch.cuda.synchronize()
 
 
-def worker(names, out: Path):
+def worker(names, out: Path, retune: bool = False) -> int:
+    """Tune each workload and dump what it added to out/. Several: each in a process of its own, so one that crashes
+    (an illegal memory access while timing a candidate leaves the CUDA context unusable: PaTH at the state-tracking
+    shape on an H200, 2026-11-27) costs only itself. Returns the number that failed."""
+    if len(names) > 1:
+        failed = []
+        for name in names:
+            cmd = [sys.executable, __file__, "--out", str(out), *(["--retune"] if retune else []), "--worker", name]
+            if subprocess.run(cmd).returncode:
+                failed.append(name)
+                print(f"{name}: failed (its process's output above); going on with the next", flush=True)
+        if failed:
+            print(f"failed: {' '.join(failed)}", flush=True)
+        return len(failed)
     import duality.kernels.tuned_configs as tc
-    for name in names:
-        t = time.perf_counter()
-        before = tc.counts["benchmarks"]
-        run_workload(name)
-        added = tc.dump(out)
-        print(f"{name}: {time.perf_counter() - t:.1f} s, {tc.counts['benchmarks'] - before} configs timed, "
-              f"{added} new entries", flush=True)
+    name, = names
+    t = time.perf_counter()
+    before = tc.counts["benchmarks"]
+    run_workload(name)
+    added = tc.dump(out)
+    print(f"{name}: {time.perf_counter() - t:.1f} s, {tc.counts['benchmarks'] - before} configs timed, "
+          f"{added} new entries", flush=True)
+    return 0
 
 
 def main():
@@ -122,10 +138,10 @@ def main():
         print(f"{merge(a.merge, out)} entries added to {out}")
         return
     if a.worker is not None:
-        return worker(a.worker, out)
+        sys.exit(1 if worker(a.worker, out, a.retune) else 0)
     names = workloads(a.only)
     if a.jobs <= 1:
-        return worker(names, out)
+        sys.exit(1 if worker(names, out, a.retune) else 0)
     # N processes, each its own folder (no two writers of one file), merged at the end
     parts_of = [names[i::a.jobs] for i in range(a.jobs)]
     parts = out / ".parts"  # one folder per process (no two writers of one file); kept if this run is stopped

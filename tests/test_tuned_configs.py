@@ -163,3 +163,18 @@ def test_siblings_are_the_shipped_folders_of_the_same_compute_capability(tmp_pat
 def test_every_shipped_folder_names_its_compute_capability():
     shipped = sorted(p.name for p in tc.CONFIG_ROOT.iterdir() if p.is_dir())
     assert shipped and set(shipped) <= set(tc.CAPABILITY), f"add {set(shipped) - set(tc.CAPABILITY)} to CAPABILITY"
+
+
+@pytest.mark.slow
+def test_tune_kernels_runs_each_workload_in_its_own_process(tmp_path):
+    """A workload that crashes its process (here: no CUDA on this machine; on a GPU, an illegal memory access while
+    timing a candidate) costs only itself: the next one still runs, and the run exits 1 naming both."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    r = subprocess.run([sys.executable, "scripts/tune_kernels.py", "--out", str(tmp_path), "--worker",
+                        "state_tracking:gla", "mqar:retnet"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    assert "state_tracking:gla: failed" in r.stdout and "mqar:retnet: failed" in r.stdout
+    assert "failed: state_tracking:gla mqar:retnet" in r.stdout
