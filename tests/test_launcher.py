@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, compose, metrics_rows, tiny_overrides
 
 from duality import train as train_lib
@@ -43,3 +44,16 @@ def test_per_gpu_must_be_positive():
     from hydra_plugins.duality_launcher.gpus import GPUsLauncher
     with pytest.raises(ValueError, match="per_gpu=0: at least 1"):
         GPUsLauncher(gpus=[0], per_gpu=0)
+    assert GPUsLauncher(gpus=["1", 3, "GPU-5c6f"]).gpus == [1, 3, "GPU-5c6f"]
+
+
+def test_the_default_gpus_are_the_ones_cuda_visible_devices_names(monkeypatch):
+    """A job handed "0" inside a process limited to GPUs 2 and 3 would run on the machine's GPU 0: the default list
+    is CUDA_VISIBLE_DEVICES's own entries."""
+    from hydra_plugins.duality_launcher.gpus import visible_gpus
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert visible_gpus() == [2, 3]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_gpus() == list(range(torch.cuda.device_count()))

@@ -35,10 +35,10 @@ log = logging.getLogger(__name__)
 
 
 class GPUsLauncher(Launcher):
-    def __init__(self, gpus: Sequence[int] | None = None, per_gpu: int = 1) -> None:
+    def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
-        self.gpus, self.per_gpu = (None if gpus is None else [int(g) for g in gpus]), int(per_gpu)
+        self.gpus, self.per_gpu = (None if gpus is None else [_gpu(g) for g in gpus]), int(per_gpu)
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -103,11 +103,21 @@ class GPUsLauncher(Launcher):
         return [results[i] for i in sorted(results)]
 
 
-def visible_gpus() -> list[int]:
-    """The GPUs this process may use, by index into CUDA_VISIBLE_DEVICES's list (or all of the machine's)."""
+def visible_gpus() -> list[int | str]:
+    """The GPUs this process may use, named as CUDA_VISIBLE_DEVICES names them: its entries where it is set (so a
+    job given "2" runs on the machine's GPU 2 even when this process sees it as cuda:0), else 0..count-1."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [_gpu(g) for g in listed.split(",") if g.strip()]
     import torch
 
     return list(range(torch.cuda.device_count()))
+
+
+def _gpu(g) -> int | str:
+    """An index (0, "3") as an int; a UUID or MIG name ("GPU-5c6f...", "MIG-...") as given."""
+    g = str(g).strip()
+    return int(g) if g.isdigit() else g
 
 
 def _read_return(payload: Path, rc: int, cfg: DictConfig, job_dir: Path) -> JobReturn:
