@@ -78,7 +78,8 @@ if [[ $mode == sweep || $mode == all ]]; then
   [ -n "${SMOKE:-}" ] && tiny=(backbone=transformer train.steps=2 train.epochs=null train.batch_size=16
     train.micro_batch=16 data.train_examples=64 data.test_examples=16 data.seq_len=16 data.eval_len=32
     train.eval_interval=2 model.d_model=32 model.n_heads=2 train.device=cpu)
-  for g in "0" "$(seq -s , 0 $((most - 1)))"; do
+  lists="0"; [ "$most" -gt 1 ] && lists="0 $(seq -s , 0 $((most - 1)))"  # one GPU: the sweep once
+  for g in $lists; do
     k=$(echo $g | tr , ' ' | wc -w) t=$(date +%s)
     rm -rf "$work/sweep_$k"  # fresh: its jobs would resume (resume=auto) what an earlier call left there
     python3 train.py -m sweep=parity seed=0 train.epochs=${EPOCHS:-1} "${tiny[@]}" hydra/launcher=gpus \
