@@ -36,6 +36,12 @@ fi
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/device.txt"
 common="logger.mode=disabled train.progress=false train.sample_tokens=0 train.eval_interval=100000
         train.ckpt_interval=100000 train.eval_tokens=$((seq * 2)) data.cache_dir=$work/cache $device"
+stopped() {  # a timeout or Ctrl-C: keep what the run in progress logged (it checkpoints and ends first) and the record
+  [ -n "${name:-}" ] && cp "$work/$name/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
+  python3 scripts/scale_report.py "$out" > /dev/null 2>&1
+  exit 143
+}
+trap stopped TERM INT
 run() {  # name nproc overrides...
   name=$1 n=$2; shift 2
   echo "=== $name ($n, started $(date +%T)): $*"
