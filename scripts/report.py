@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_train  # noqa: E402  (the benchmark's own table functions)
 import longest_cp  # noqa: E402
-import scale_report  # noqa: E402
 import official_ab  # noqa: E402
 import official_ab_copying  # noqa: E402
+import scale_report  # noqa: E402
 import seed_spread  # noqa: E402
 
 DOCS = ROOT / "docs"
@@ -468,17 +468,19 @@ def summary_table() -> str:
     rows.append(("FSDP2 against DDP on 2 GPUs, 124m (parameters gathered in fp32 / bf16)",
                  f"{last['ratio']:.0%} / {last['ratio_bf16']:.0%} of DDP's tokens/s",
                  f"{short_device(fp2['device'])}, {fp2['date']}", "docs/multi_gpu/README.md"))
-    fp4 = load(FSDP2_PROFILE_4_BF16)["calls"][-1]
+    fp4_rec = load(FSDP2_PROFILE_4_BF16)
+    fp4 = fp4_rec["calls"][-1]
     rows.append(("FSDP2 against DDP on 4 GPUs, 124m (parameters gathered in fp32 / bf16)",
                  f"{fp4['ratio']:.1%} / {fp4['ratio_bf16']:.1%} of DDP's tokens/s; "
                  f"{fp4['profile']['fsdp_bf16']['nccl_exposed_ms']:.0f} ms a step of exposed communication either way",
-                 f"{short_device(load(FSDP2_PROFILE_4_BF16)['device'])}, 2026-11-27", "docs/multi_gpu/README.md"))
-    sc = load(SCALE_4)["throughput"]
+                 f"{short_device(fp4_rec['device'])}, {fp4_rec['date']}", "docs/multi_gpu/README.md"))
+    sc_rec = load(SCALE_4)
+    sc = sc_rec["throughput"]
     rows.append(("1 → 2 → 4 GPUs at a fixed batch a GPU, 370m/4096 transformer + RoPE (DDP / FSDP2)",
                  ", ".join(f"{n} GPUs " + " / ".join(f"{sc[c][n]['efficiency']:.0%}" for c in
                                                       ("370m_transformer_ddp", "370m_transformer_fsdp"))
                            for n in ("2", "4")) + " of linear scaling",
-                 f"{short_device(load(SCALE_4)['device'])}, 2026-11-27", "docs/multi_gpu/README.md"))
+                 f"{short_device(sc_rec['device'])}, {sc_rec['date']}", "docs/multi_gpu/README.md"))
     cp = [s for s in load(CP_LONGEST[-1])["summary"] if s["case"] == "gla+nope"]
     one, most = cp[0], cp[-1]
     cp_rec = load(CP_LONGEST[-1])

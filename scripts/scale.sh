@@ -36,8 +36,9 @@ fi
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/device.txt"
 common="logger.mode=disabled train.progress=false train.sample_tokens=0 train.eval_interval=100000
         train.ckpt_interval=100000 train.eval_tokens=$((seq * 2)) data.cache_dir=$work/cache $device"
+keep() { cp "$work/$name/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null; }  # the run's rows, into OUT
 stopped() {  # a timeout or Ctrl-C: keep what the run in progress logged (it checkpoints and ends first) and the record
-  [ -n "${name:-}" ] && cp "$work/$name/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
+  [ -n "${name:-}" ] && keep
   python3 scripts/scale_report.py "$out" > /dev/null 2>&1
   exit 143
 }
@@ -49,7 +50,7 @@ run() {  # name nproc overrides...
   python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $common out_dir=$work/$name "$@" \
     > "$out/$name.log" 2>&1
   echo "rc=$?"; grep -E "error|Error" "$out/$name.log" | tail -2
-  cp $work/$name/metrics.jsonl "$out/$name.metrics.jsonl" 2>/dev/null
+  keep
 }
 if [[ $mode == throughput || $mode == all ]]; then
   for n in $gpus; do

@@ -16,7 +16,7 @@ from duality import train as train_lib
 def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, data_cache):
     args = [a for a in tiny_overrides(tmp_path / "x", data_cache, "train.steps=2") if not a.startswith("out_dir")]
     sweep = tmp_path / "sweep"
-    # three jobs on two GPUs: the third waits for a GPU; the second fails (a bad value, exit code 2)
+    # six jobs on two GPUs, so most wait for a GPU; the three with warmup -1 fail (a bad value, exit code 2)
     r = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=gpus", "hydra.launcher.gpus=[3,5]",
                         "pe=nope,rope,alibi", f"hydra.sweep.dir={sweep}", *args, "optim.warmup=0,-1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -34,7 +34,7 @@ def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, 
     # a finished job trained exactly as the same settings run on their own
     n = next(n for n, j in jobs.items() if "pe=rope" in j["overrides"] and "optim.warmup=0" in j["overrides"])
     train_lib.run(compose([*tiny_overrides(tmp_path / "alone", data_cache, "train.steps=2"), "pe=rope",
-                                   "optim.warmup=0"]))
+                           "optim.warmup=0"]))
     rows = [x for x in metrics_rows(sweep / str(n)) if "loss" in x]
     assert len(rows) == 2 and [x["loss"] for x in rows] == [x["loss"] for x in metrics_rows(tmp_path / "alone")
                                                             if "loss" in x]
