@@ -38,7 +38,10 @@ def _register_launcher():
     namespace's folders, which misses a package installed in editable mode (pip install -e: an import hook, not a
     folder), so it is added to Hydra's table by name; a regular install is found either way."""
     from hydra.core.plugins import Plugins
-    from hydra_plugins.duality_launcher.gpus import GPUsLauncher
+    try:
+        from hydra_plugins.duality_launcher.gpus import GPUsLauncher
+    except ImportError:  # the repo on PYTHONPATH without an install: train.py runs, hydra/launcher=gpus is not offered
+        return
 
     name = f"{GPUsLauncher.__module__}.{GPUsLauncher.__name__}"
     Plugins.instance().class_name_to_class.setdefault(name, GPUsLauncher)

@@ -7,7 +7,8 @@
 #            tokens/s on SCALE_GPUS (default 2) GPUs with DDP and FSDP2 (parameters kept gathered through the
 #            micro-batches, train.fsdp_reshard=auto, and re-gathered for each, =true), then on 1 GPU (accum 8)
 #   profile  DDP, FSDP2 and FSDP2 gathering in bf16 on SCALE_GPUS GPUs as in scaling, 3 steps traced at steady state
-#            (after 28), each trace summarised by scripts/trace_summary.py (exposed communication, costliest kernels)
+#            (after 28), each trace summarised by scripts/trace_summary.py (exposed communication, costliest kernels);
+#            PROFILE picks the cases (default "ddp fsdp fsdp_bf16"; fsdp_prefetchK adds train.fsdp_prefetch=K)
 #   dcp      sharded checkpoints (torch.distributed.checkpoint), fp32: 60 steps on 2 GPUs FSDP2, then its step-30
 #            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
 #   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
@@ -62,8 +63,10 @@ if [[ $mode == profile ]]; then
   c="train.steps=40 train.global_batch_tokens=262144 train.log_interval=5 train.ckpt_interval=100000
      train.profile_steps=3 train.profile_after=28"  # untraced windows: the rows at steps 15, 20, 25
   n=${SCALE_GPUS:-2}
-  for s in ddp fsdp fsdp_bf16; do  # fsdp_bf16: parameters gathered in bf16 (train.fsdp_param_dtype)
-    extra=(train.strategy=${s%_bf16}); [[ $s == fsdp_bf16 ]] && extra+=(train.fsdp_param_dtype=bfloat16)
+  for s in ${PROFILE:-ddp fsdp fsdp_bf16}; do  # fsdp_bf16: gathered in bf16; fsdp_prefetchK: train.fsdp_prefetch=K
+    extra=(train.strategy=${s%%_*}); [[ $s == fsdp_bf16 ]] && extra+=(train.fsdp_param_dtype=bfloat16)
+    # fsdp and fsdp_bf16: FSDP2's own order (train.fsdp_prefetch=0), as the earlier records measured them
+    [[ $s == fsdp_prefetch* ]] && extra+=(train.fsdp_prefetch=${s#fsdp_prefetch}) || extra+=(train.fsdp_prefetch=0)
     run profile_gpu${n}_$s $n $c "${extra[@]}"
     python3 scripts/trace_summary.py /tmp/mg/profile_gpu${n}_$s/profile/trace.json \
       --json "$out/profile_gpu${n}_$s.summary.json" | tee "$out/profile_gpu${n}_$s.summary.txt"

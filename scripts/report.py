@@ -40,7 +40,9 @@ GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-27.json"
 FSDP2_PROFILE = DOCS / "multi_gpu/fsdp2_profile_4xh200_2026-11-27.json"
 FSDP2_PROFILE_2 = DOCS / "multi_gpu/fsdp2_profile_2xh200_2026-11-27.json"
 FSDP2_PROFILE_4_BF16 = DOCS / "multi_gpu/fsdp2_profile_4xh200_bf16_2026-11-27.json"
+FSDP2_PREFETCH = DOCS / "multi_gpu/fsdp2_prefetch_4xh200_2026-11-27.json"
 SCALE_4 = DOCS / "multi_gpu/scale_4xh200_2026-11-27.json"
+SWEEP_S2 = DOCS / "multi_gpu/sweep_s2_2026-11-27.json"
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
@@ -341,13 +343,15 @@ def mqar_seeds_table() -> str:
 
 
 def fsdp2_calls_table(path: Path) -> str:
-    """DDP, FSDP2 and FSDP2 gathering in bf16, each call: untraced tokens/s, memory, the traced steps."""
+    """DDP and the FSDP2 variants of each call: untraced tokens/s, memory, the traced steps."""
     r = load(path)
-    names = {"ddp": "DDP", "fsdp": "FSDP2", "fsdp_bf16": "FSDP2, bf16 gather"}
+    names = {"ddp": "DDP", "fsdp": "FSDP2", "fsdp_bf16": "FSDP2, bf16 gather",
+             "fsdp_prefetch1": "FSDP2, prefetch 1 block", "fsdp_prefetch2": "FSDP2, prefetch 2 blocks"}
     lines = ["| 124m | call (steps) | tokens/s | of DDP | GiB a GPU | val loss | GPU busy, ms a traced step | "
              "exposed NCCL, ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, c in enumerate(r["calls"], 1):
-        for k, name in names.items():
+        for k in c["steady_tokens_per_s"]:
+            name = names[k]
             t = c["steady_tokens_per_s"][k]
             lines.append(f"| {name} | {i} ({', '.join(map(str, c['steady_steps']))}) | {t:,} | "
                          f"{t / c['steady_tokens_per_s']['ddp']:.1%} | {c['peak_mem_gib'][k]:.1f} | "
@@ -361,6 +365,21 @@ def scale_table(path: Path) -> str:
     rec = load(path)
     return scale_report.table(rec) + (f"\n\n{rec['device']}, {rec['date']}: " +
                                       "; ".join(f"`{c}`" for c in rec["commands"]) + f" ({rec['settings']})")
+
+
+def sweep_table() -> str:
+    """The S2 sweep on one GPU and dealt over four: each job's wall time, or how far it got, and its pace."""
+    rec = load(SWEEP_S2)
+    lines = ["| job | 1 GPU (64 cores): wall, tokens/s at step 500 | 4 GPUs: GPU, step reached in 156 s, tokens/s at "
+             "step 500 | 1 H200 (16 cores, 2 threads a job): wall |", "|---|---|---|---|"]
+    for j in rec["jobs"]:
+        a, b, c = j["x4_one_gpu"], j["x4_four_gpus"], j["h200_one_gpu_omp2"]
+        lines.append(f"| {j['overrides']} | {a['wall_s']:.0f} s, {a['tokens_per_s_at_step_500']:,} | {b['gpu']}, "
+                     f"{b['stopped_at_step']:,} of 1,954, {b['tokens_per_s_at_step_500']:,} | {c['wall_s']:.0f} s |")
+    runs = {r["name"]: r for r in rec["runs"]}
+    lines.append(f"| **the sweep** | **{runs['x4_one_gpu']['wall_s']} s** | stopped after "
+                 f"{runs['x4_four_gpus']['stopped_after_s']} s | **{runs['h200_one_gpu_omp2']['wall_s']} s** |")
+    return "\n".join(lines) + f"\n\n{rec['date']}, {rec['torch']}: `{rec['command']}`"
 
 
 def fsdp_1_3b() -> tuple[float, float, float]:
@@ -474,6 +493,11 @@ def summary_table() -> str:
                  f"{fp4['ratio']:.1%} / {fp4['ratio_bf16']:.1%} of DDP's tokens/s; "
                  f"{fp4['profile']['fsdp_bf16']['nccl_exposed_ms']:.0f} ms a step of exposed communication either way",
                  f"{short_device(fp4_rec['device'])}, {fp4_rec['date']}", "docs/multi_gpu/README.md"))
+    pf_rec = load(FSDP2_PREFETCH)
+    pf = pf_rec["calls"][-1]["ratio"]
+    rows.append(("FSDP2 against DDP on 4 GPUs, 124m (own order / prefetching 1 block, the default / 2 blocks)",
+                 f"{pf['fsdp']:.1%} / {pf['fsdp_prefetch1']:.1%} / {pf['fsdp_prefetch2']:.1%} of DDP's tokens/s",
+                 f"{short_device(pf_rec['device'])}, {pf_rec['date']}", "docs/multi_gpu/README.md"))
     sc_rec = load(SCALE_4)
     sc = sc_rec["throughput"]
     rows.append(("1 → 2 → 4 GPUs at a fixed batch a GPU, 370m/4096 transformer + RoPE (DDP / FSDP2)",
@@ -528,7 +552,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "cp_longest": cp_longest_table,
           "scaling_4": scaling_4_table, "fsdp2_2xh200": lambda: fsdp2_calls_table(FSDP2_PROFILE_2),
           "fsdp2_4xh200_bf16": lambda: fsdp2_calls_table(FSDP2_PROFILE_4_BF16),
-          "scale_4xh200": lambda: scale_table(SCALE_4)}
+          "fsdp2_prefetch_4xh200": lambda: fsdp2_calls_table(FSDP2_PREFETCH),
+          "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 

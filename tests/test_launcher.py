@@ -2,6 +2,7 @@
 its own CUDA_VISIBLE_DEVICES, run here on the CPU (train.device=cpu) with two named "GPUs"."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,10 +17,12 @@ from duality import train as train_lib
 def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, data_cache):
     args = [a for a in tiny_overrides(tmp_path / "x", data_cache, "train.steps=2") if not a.startswith("out_dir")]
     sweep = tmp_path / "sweep"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)  # the cores shared out over the two jobs at once
     # six jobs on two GPUs, so most wait for a GPU; the three with warmup -1 fail (a bad value, exit code 2)
     r = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=gpus", "hydra.launcher.gpus=[3,5]",
                         "pe=nope,rope,alibi", f"hydra.sweep.dir={sweep}", *args, "optim.warmup=0,-1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode != 0 and "the job's process exited with code 2" in r.stderr, r.stderr[-3000:]
     jobs = {j["job"]: j for j in map(json.loads, (sweep / "launcher.jsonl").read_text().splitlines())}
     assert set(jobs) == set(range(6))  # 3 schemes x 2 warmups
@@ -28,9 +31,10 @@ def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, 
         bad = "optim.warmup=-1" in j["overrides"]
         assert (j["status"], j["returncode"]) == (("FAILED", 2) if bad else ("COMPLETED", 0))
         log = (sweep / str(n) / "job.log").read_text()
-        assert log.startswith(f"[launcher] job {n}: CUDA_VISIBLE_DEVICES={j['gpu']}\n")
+        assert log.startswith(f"[launcher] job {n}: CUDA_VISIBLE_DEVICES={j['gpu']} OMP_NUM_THREADS={threads} "
+                              f"(torch: {threads})\n")
         assert ("error: optim.warmup" in log) == bad
-    assert "[hydra] Launching 6 jobs on GPUs [3, 5], 1 at once on each" in r.stdout
+    assert f"[hydra] Launching 6 jobs on GPUs [3, 5], 1 at once on each, {threads} CPU threads each" in r.stdout
     # a finished job trained exactly as the same settings run on their own
     n = next(n for n, j in jobs.items() if "pe=rope" in j["overrides"] and "optim.warmup=0" in j["overrides"])
     train_lib.run(compose([*tiny_overrides(tmp_path / "alone", data_cache, "train.steps=2"), "pe=rope",
@@ -57,3 +61,20 @@ def test_the_default_gpus_are_the_ones_cuda_visible_devices_names(monkeypatch):
     assert visible_gpus() == []
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert visible_gpus() == list(range(torch.cuda.device_count()))
+
+
+def test_train_runs_where_the_launcher_is_not_importable(monkeypatch):
+    """The repo on PYTHONPATH without an install (and Python's safe-path mode, which drops the script's folder) has
+    no `hydra_plugins` package: train.py must still start, without hydra/launcher=gpus (it failed every run so, on the
+    GPU machines, before this)."""
+    from hydra.core.plugins import Plugins
+
+    from duality.common import cli
+    name = "hydra_plugins.duality_launcher.gpus.GPUsLauncher"
+    Plugins.instance().class_name_to_class.pop(name, None)
+    monkeypatch.setitem(sys.modules, "hydra_plugins.duality_launcher.gpus", None)  # import raises ImportError
+    cli._register_launcher()
+    assert name not in Plugins.instance().class_name_to_class
+    monkeypatch.undo()
+    cli._register_launcher()
+    assert Plugins.instance().class_name_to_class[name].__name__ == "GPUsLauncher"

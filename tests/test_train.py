@@ -79,6 +79,7 @@ def test_unknown_group_option_lists_choices():
     ("train.profile_after=-2", r"train.profile_after=-2: the steps before profiling, an integer >= 0"),
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
     ("train.fsdp_reshard=sometimes", "train.fsdp_reshard='sometimes'; valid choices: auto, true, false"),
+    ("train.fsdp_prefetch=-1", r"train.fsdp_prefetch=-1; valid choices: 0 \(FSDP2's own order\) or the number"),
     ("train.fsdp_param_dtype=half", "train.fsdp_param_dtype='half'; valid choices: float32, bfloat16"),
     ("train.float8=fp8", r"train.float8='fp8'; valid choices: \['none', 'tensorwise', 'rowwise'\]"),
     ("train.float8=tensorwise", r"train.float8=tensorwise needs a GPU of compute capability >= 8.9 \(Ada, Hopper\); "
@@ -457,6 +458,51 @@ def test_fsdp_param_dtype_bfloat16_gathers_in_bf16_and_keeps_fp32_shards(tmp_pat
         train_lib.run(compose([f"out_dir={tmp_path / 'x'}", "train.strategy=fsdp", "train.fsdp_param_dtype=bfloat16",
                                "train.dtype=fp32"]))
     assert not (tmp_path / "x").exists()
+
+
+def _prefetch_rank(rank: int, port: int, out: str):
+    import torch.distributed as dist
+
+    from duality.model import build_model
+    from duality.trainer.runtime import Runtime
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        seen = {}
+        for k in (0, 2):
+            rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=True, fsdp_prefetch=k)
+            torch.manual_seed(0)
+            model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"},
+                                           {"n_layer": 4, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64))
+            blocks = list(model.blocks)
+            order = [[blocks.index(s._modules[0]) for s in getattr(x._get_fsdp_state(), f"_states_to_{d}_prefetch")]
+                     for x in [model, *blocks] for d in ("forward", "backward")]
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
+            losses = []
+            for _ in range(3):
+                loss = model(idx[:, :16], idx[:, 1:])[1]
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            seen[k] = (order, losses)
+        torch.save(seen, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_prefetch_gathers_blocks_ahead_with_the_same_losses(tmp_path):
+    """train.fsdp_prefetch=2: the root gathers blocks 0 and 1 ahead, block i the next two in forward and the two
+    before it (nearest first) in backward; three SGD steps lose exactly what FSDP2's own order loses."""
+    import torch.multiprocessing as mp
+    mp.spawn(_prefetch_rank, args=(free_port(), str(tmp_path / "r")), nprocs=2, join=True)
+    for r in range(2):
+        seen = torch.load(tmp_path / f"r.{r}")
+        assert seen[0][0] == [[]] * 10
+        assert seen[2][0] == [[0, 1], [], [1, 2], [], [2, 3], [0], [3], [1, 0], [], [2, 1]]
+        assert seen[2][1] == seen[0][1] and seen[0][1][2] < seen[0][1][0], seen
 
 
 @pytest.mark.slow

@@ -210,6 +210,9 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("fsdp_reshard", "auto") not in ("auto", True, False):
         raise ConfigError(f"train.fsdp_reshard={t.fsdp_reshard!r}; valid choices: auto, true, false")
+    if not (isinstance(t.get("fsdp_prefetch", 0), int) and t.get("fsdp_prefetch", 0) >= 0):
+        raise ConfigError(f"train.fsdp_prefetch={t.fsdp_prefetch!r}; valid choices: 0 (FSDP2's own order) or the "
+                          "number of blocks to gather ahead (1, 2, ...)")
     if t.get("float8", "none") not in FLOAT8:
         raise ConfigError(f"train.float8={t.float8!r}; valid choices: {list(FLOAT8)}")
     if t.get("fsdp_param_dtype", "float32") not in ("float32", "bfloat16"):

@@ -39,6 +39,7 @@ class Runtime:
     fsdp: bool = False
     fsdp_reshard: object = "auto"  # train.fsdp_reshard; prepare() resolves auto
     fsdp_param_dtype: str = "float32"  # train.fsdp_param_dtype
+    fsdp_prefetch: int = 0  # train.fsdp_prefetch: blocks whose all-gather a block issues ahead (0: FSDP2's own order)
     float8: str = "none"  # train.float8: torchao's recipe for the trunk's Linear layers
     bf16: bool = False
     bf16_weights: bool = False  # train.dtype=bf16_weights: the model itself in bf16 (shard casts it)
@@ -57,6 +58,7 @@ class Runtime:
         rt.fsdp = rt.distributed and t.get("strategy", "ddp") == "fsdp"
         rt.fsdp_reshard = t.get("fsdp_reshard", "auto")
         rt.fsdp_param_dtype = t.get("fsdp_param_dtype", "float32")
+        rt.fsdp_prefetch = t.get("fsdp_prefetch", 0)
         cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
         rt.device = torch.device(f"cuda:{rt.local_rank}" if cuda else "cpu")
         rt.bf16 = t.dtype in ("bf16", "bf16_weights") or (t.dtype == "auto" and cuda)
@@ -128,7 +130,10 @@ class Runtime:
         step to the last backward: one all-gather a step instead of two a micro-batch (FSDP2 at 124m ran at 71% of
         DDP's speed, re-gathering for every micro-batch). train.fsdp_param_dtype=bfloat16 gathers them in bf16 (half
         the bytes of the all-gather that a profile found exposed, docs/multi_gpu) and reduces gradients in fp32; the
-        sharded parameters and AdamW's state stay fp32."""
+        sharded parameters and AdamW's state stay fp32. train.fsdp_prefetch=k: each block issues the all-gathers of
+        the next k blocks (forward) or the previous k (backward) once its own is issued, so they run beside its
+        compute; FSDP2's own order issues a block's all-gather when the CPU reaches it, which under torch.compile
+        is too late to overlap (the exposed all-gathers of that profile)."""
         if self.cp > 1:
             try:
                 model.check_context_parallel()
@@ -151,7 +156,14 @@ class Runtime:
             self.fsdp_reshard = not size <= 0.05 * free
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.fsdp_reshard, mp_policy=mp)
-        return fully_shard(model, mesh=mesh, reshard_after_forward=self.fsdp_reshard, mp_policy=mp)
+        fully_shard(model, mesh=mesh, reshard_after_forward=self.fsdp_reshard, mp_policy=mp)
+        if k := self.fsdp_prefetch:
+            blocks = list(model.blocks)
+            model.set_modules_to_forward_prefetch(blocks[:k])  # the root (embeddings) runs first
+            for i, block in enumerate(blocks):
+                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + k])
+                block.set_modules_to_backward_prefetch(blocks[max(i - k, 0):i][::-1])
+        return model
 
     def wrap(self, model, compile: bool, mode: str = "default", scope: str = "blocks"):
         """The module the loop calls: compiled (torch.compile's `mode`, whole or block by block: compile_model) if

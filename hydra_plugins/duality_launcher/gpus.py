@@ -54,8 +54,11 @@ class GPUsLauncher(Launcher):
         gpus = self.gpus if self.gpus is not None else visible_gpus()
         # a slot is one job at a time on one GPU (None: no GPU, the jobs share the CPU); a GPU's slots interleave
         slots = [g for _ in range(self.per_gpu) for g in (gpus or [None])]
+        # CPU threads a job: the cores shared out over the jobs that run at once, as torchrun does (each process's
+        # default is every core, and 6 jobs' spinning OpenMP threads on 64 cores slowed each to a GPU-idle crawl)
+        omp = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // len(slots)))
         log.info(f"Launching {len(job_overrides)} jobs on {f'GPUs {gpus}' if gpus else 'the CPU'}, "
-                 f"{self.per_gpu} at once on each")
+                 f"{self.per_gpu} at once on each, {omp} CPU threads each")
         todo: queue.Queue = queue.Queue()
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
@@ -77,7 +80,9 @@ class GPUsLauncher(Launcher):
                 except queue.Empty:
                     return
                 job_dir.mkdir(parents=True, exist_ok=True)
-                env = dict(os.environ) if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+                env = {**os.environ, "OMP_NUM_THREADS": omp}
+                if gpu is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = str(gpu)
                 where = "the CPU" if gpu is None else f"GPU {gpu}"
                 log.info(f"\t#{idx} on {where}: {' '.join(filter_overrides(overrides))} (log: {job_dir / 'job.log'})")
                 start = time.time()
@@ -144,9 +149,11 @@ def _child(payload: Path) -> int:
     import pickle
     import traceback
 
+    import torch
+
     hydra_context, task_function, cfg, state = pickle.loads(payload.read_bytes())
-    print(f"[launcher] job {cfg.hydra.job.num}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
-          flush=True)
+    print(f"[launcher] job {cfg.hydra.job.num}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} "
+          f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (torch: {torch.get_num_threads()})", flush=True)
     setup_globals()
     Singleton.set_state(state)
     ret = run_job(hydra_context=hydra_context, task_function=task_function, config=cfg,
