@@ -80,6 +80,7 @@ def test_unknown_group_option_lists_choices():
     ("train.strategy=zero3", r"valid choices: \['ddp', 'fsdp'\]"),
     ("train.fsdp_reshard=sometimes", "train.fsdp_reshard='sometimes'; valid choices: auto, true, false"),
     ("train.fsdp_prefetch=-1", r"train.fsdp_prefetch=-1; valid choices: 0 \(FSDP2's own order\) or the number"),
+    ("train.fsdp_prefetch=true", r"train.fsdp_prefetch=True; valid choices: 0 \(FSDP2's own order\) or the number"),
     ("train.fsdp_param_dtype=half", "train.fsdp_param_dtype='half'; valid choices: float32, bfloat16"),
     ("train.float8=fp8", r"train.float8='fp8'; valid choices: \['none', 'tensorwise', 'rowwise'\]"),
     ("train.float8=tensorwise", r"train.float8=tensorwise needs a GPU of compute capability >= 8.9 \(Ada, Hopper\); "
