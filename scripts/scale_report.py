@@ -5,7 +5,8 @@
 Throughput runs (tp_<size>_<backbone>_<strategy>_n<GPUs>): tokens/s (the median past the first third of the steps, at
 most 10: compilation and warm-up), MFU, peak memory a GPU, and the scaling efficiency tokens/s(n) / (n tokens/s(1))
 at the same batch a GPU. Loss runs (loss_n<GPUs>): the largest and mean difference of each step's loss from the
-1-GPU run's. The sweep (sweep.jsonl): wall time on 1 GPU and dealt out to all.
+1-GPU run's. The sweep (sweep.jsonl): wall time on 1 GPU and dealt out to all, and each job's GPU and wall time (the
+launcher's launcher.jsonl), whose sum against the sweep's wall shows whether spreading the jobs slowed each down.
 """
 
 import json
@@ -68,8 +69,12 @@ def table(rec: dict) -> str:
         lines += [f"| {n} | {v['max_abs_loss_diff']:.2g} / {v['mean_abs_loss_diff']:.2g} |"
                   for n, v in rec["loss"].items() if v["max_abs_loss_diff"] is not None]
     if rec["sweep"]:
-        lines += ["", "| sweep on | wall | exit code |", "|---:|---:|---:|"]
-        lines += [f"| {s['gpus']} GPUs | {s['wall_s']} s | {s.get('rc', '-')} |" for s in rec["sweep"]]
+        lines += ["", "| sweep on | wall | jobs | the jobs' walls: sum / longest | exit code |",
+                  "|---:|---:|---:|---:|---:|"]
+        for s in rec["sweep"]:
+            walls = [j["wall_s"] for j in s.get("jobs", [])]
+            cells = f"{sum(walls):.0f} s / {max(walls):.0f} s" if walls else "-"
+            lines.append(f"| {s['gpus']} GPUs | {s['wall_s']} s | {len(walls)} | {cells} | {s.get('rc', '-')} |")
     return "\n".join(lines)
 
 
@@ -77,6 +82,10 @@ def main(out: Path) -> dict:
     device = (out / "device.txt").read_text().strip() if (out / "device.txt").exists() else None
     sweep = [json.loads(x) for x in (out / "sweep.jsonl").read_text().splitlines()] if (out / "sweep.jsonl").exists() \
         else []
+    for s in sweep:  # each job's GPU and wall time (the launcher's own log): did spreading the jobs slow each down?
+        log = out / f"sweep_{s['gpus']}gpu.launcher.jsonl"
+        s["jobs"] = [{k: j[k] for k in ("job", "gpu", "wall_s", "status")} for j in
+                     map(json.loads, log.read_text().splitlines())] if log.exists() else []
     rec = {"device": device, "throughput": throughput(out), "loss": loss(out), "sweep": sweep}
     lines = [f"device: {device}", "", table(rec)]
     write_atomic(out / "scale.json", json.dumps(rec, indent=1))

@@ -49,6 +49,9 @@ def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
     for k, gpus in ((1, {0}), (2, {0, 1})):
         jobs = [json.loads(x) for x in (tmp_path / f"sweep_{k}gpu.launcher.jsonl").read_text().splitlines()]
         assert len(jobs) == 3 and {j["gpu"] for j in jobs} == gpus and {j["status"] for j in jobs} == {"COMPLETED"}
+        kept = next(s for s in rec["sweep"] if s["gpus"] == k)["jobs"]  # the record keeps each job's GPU and wall
+        assert sorted((j["job"], j["gpu"], j["wall_s"]) for j in kept) == sorted((j["job"], j["gpu"], j["wall_s"])
+                                                                                 for j in jobs)
 
 
 @pytest.mark.slow
