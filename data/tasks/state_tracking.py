@@ -51,14 +51,21 @@ def table(group: str) -> np.ndarray:
     return np.array([[index[tuple(a[b[i]] for i in range(len(a)))] for b in el] for a in el], dtype=np.int64)
 
 
-def generate(rng, n: int, length: int, group: str) -> tuple[np.ndarray, np.ndarray]:
+def generate(rng, n: int, length: int, group: str, chunk: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
+    """n sequences of group elements x and their running products s, as int8. Drawn `chunk` rows at a time, the same
+    numbers as one draw of all n rows (tested): one int64 draw of seed 004's 2M x 128 took 4 GB a job, six jobs of a
+    sweep at once, and its build 38 s on a 2-core CPU, 21 s chunked."""
     mul = table(group)
-    x = rng.integers(0, len(mul), size=(n, length))
-    s = np.empty_like(x)
-    s[:, 0] = x[:, 0]
-    for t in range(1, length):
-        s[:, t] = mul[x[:, t], s[:, t - 1]]
-    return x, s
+    xs, ss = [], []
+    for first in range(0, n, chunk):
+        x = rng.integers(0, len(mul), size=(min(chunk, n - first), length))
+        s = np.empty_like(x)
+        s[:, 0] = x[:, 0]
+        for t in range(1, length):
+            s[:, t] = mul[x[:, t], s[:, t - 1]]
+        xs.append(x.astype(np.int8))  # the groups have at most 6 elements
+        ss.append(s.astype(np.int8))
+    return (np.concatenate(xs), np.concatenate(ss)) if xs else (np.empty((0, length), np.int8),) * 2
 
 
 def build(cfg: dict) -> TaskData:
