@@ -210,7 +210,7 @@ def check_config(cfg, world: int = 1) -> dict:
         raise ConfigError(f"train.strategy={t.strategy!r}; valid choices: {list(STRATEGIES)}")
     if t.get("fsdp_reshard", "auto") not in ("auto", True, False):
         raise ConfigError(f"train.fsdp_reshard={t.fsdp_reshard!r}; valid choices: auto, true, false")
-    k = t.get("fsdp_prefetch", 0)
+    k = t.get("fsdp_prefetch", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ConfigError(f"train.fsdp_prefetch={t.fsdp_prefetch!r}; valid choices: 0 (FSDP2's own order) or the "
                           "number of blocks to gather ahead (1, 2, ...)")

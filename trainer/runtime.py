@@ -39,7 +39,7 @@ class Runtime:
     fsdp: bool = False
     fsdp_reshard: object = "auto"  # train.fsdp_reshard; prepare() resolves auto
     fsdp_param_dtype: str = "float32"  # train.fsdp_param_dtype
-    fsdp_prefetch: int = 0  # train.fsdp_prefetch: blocks whose all-gather a block issues ahead (0: FSDP2's own order)
+    fsdp_prefetch: int = 1  # train.fsdp_prefetch: blocks whose all-gather a block issues ahead (0: FSDP2's own order)
     float8: str = "none"  # train.float8: torchao's recipe for the trunk's Linear layers
     bf16: bool = False
     bf16_weights: bool = False  # train.dtype=bf16_weights: the model itself in bf16 (shard casts it)
@@ -58,7 +58,7 @@ class Runtime:
         rt.fsdp = rt.distributed and t.get("strategy", "ddp") == "fsdp"
         rt.fsdp_reshard = t.get("fsdp_reshard", "auto")
         rt.fsdp_param_dtype = t.get("fsdp_param_dtype", "float32")
-        rt.fsdp_prefetch = t.get("fsdp_prefetch", 0)
+        rt.fsdp_prefetch = t.get("fsdp_prefetch", 1)
         cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
         rt.device = torch.device(f"cuda:{rt.local_rank}" if cuda else "cpu")
         rt.bf16 = t.dtype in ("bf16", "bf16_weights") or (t.dtype == "auto" and cuda)
