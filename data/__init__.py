@@ -25,11 +25,11 @@ import numpy as np
 from duality.common.io import write_atomic
 
 from . import embedded, fineweb, longcrawl64, text
-from .shards import ShardError, TokenWindows, TrainBatches, pack_documents, write_shard
+from .shards import ShardError, TokenWindows, TrainBatches, pack_documents, rank_batches, write_shard
 from .tokenizer import Tokenizer, make_tokenizer
 
 __all__ = ["DataInfo", "prepare", "SOURCES", "ShardError", "TokenWindows", "TrainBatches", "Tokenizer",
-           "pack_documents"]
+           "pack_documents", "rank_batches"]
 
 SOURCES = {
     "embedded": lambda cfg: embedded.documents(),

@@ -133,6 +133,17 @@ def pack_documents(x: torch.Tensor, y: torch.Tensor, eot: int):
     return flat[None], y.reshape(1, -1), torch.unique(starts, sorted=True)
 
 
+def rank_batches(n: int, rank: int, world: int, rows: int) -> list[list[int]]:
+    """Items rank, rank + world, ... of range(n) in batches of at most `rows`, and empty batches after them so that
+    every rank gets as many batches as the busiest one: under FSDP2 each forward gathers parameters with every
+    rank, so a rank that ran out of evaluation examples must still run a forward (on any input, its result not
+    counted) for each forward the others run."""
+    ids = list(range(n))[rank::world]
+    busiest = -(-n // world) if world > 0 else 0
+    batches = [ids[i:i + rows] for i in range(0, len(ids), rows)]
+    return batches + [[] for _ in range(-(-busiest // rows) - len(batches))]
+
+
 class TrainBatches:
     """Micro-batches of one rank. Step s, micro-step m, rank r of world w reads global samples
     s*G + (m*w + r)*b + [0, b), with G = accum * w * b the global batch in sequences."""

@@ -1,6 +1,7 @@
 """Shard format, loader determinism and DDP sharding, corpus sources, and the data errors."""
 
 import json
+import math
 import os
 
 import numpy as np
@@ -13,6 +14,7 @@ from duality.data.shards import (
     ShardError,
     TokenWindows,
     TrainBatches,
+    rank_batches,
     read_header,
     read_shard,
     write_shard,
@@ -316,3 +318,13 @@ def test_longcrawl64_bad_input_is_named(tmp_path):
         data_lib.prepare(cfg())
     with pytest.raises(ShardError, match="needs data.root"):
         data_lib.prepare(compose(["data=longcrawl64"]).data)
+
+
+@pytest.mark.parametrize("n,world,rows", [(3, 2, 1), (2, 4, 8), (10, 3, 2), (16, 4, 4), (0, 2, 4), (7, 1, 3)])
+def test_rank_batches_cover_each_item_once_with_as_many_batches_on_every_rank(n, world, rows):
+    """Evaluation under FSDP2: every rank runs the same number of forwards (empty batches pad the short ranks),
+    every item is in exactly one batch, of at most `rows`, on rank item % world."""
+    per_rank = [rank_batches(n, r, world, rows) for r in range(world)]
+    assert len({len(b) for b in per_rank}) == 1 and len(per_rank[0]) == math.ceil(math.ceil(n / world) / rows)
+    seen = sorted((i, r) for r, batches in enumerate(per_rank) for b in batches for i in b)
+    assert seen == [(i, i % world) for i in range(n)] and all(len(b) <= rows for bs in per_rank for b in bs)

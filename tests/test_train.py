@@ -1,6 +1,7 @@
 """train.py and eval.py as a user runs them: config composition, errors before work, overfitting, exact resume,
 DDP, sweeps, wandb, and evaluation of the checkpoint."""
 
+import contextlib
 import itertools
 import json
 import math
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, compose, free_port, metrics_rows, tiny_overrides, torchrun, torchrun_train
@@ -504,6 +506,59 @@ def test_fsdp_prefetch_gathers_blocks_ahead_with_the_same_losses(tmp_path):
         assert seen[0][0] == [[]] * 10
         assert seen[2][0] == [[0, 1], [], [1, 2], [], [2, 3], [0], [3], [1, 0], [], [2, 1]]
         assert seen[2][1] == seen[0][1] and seen[0][1][2] < seen[0][1][0], seen
+
+
+def _eval_model(vocab: int):
+    torch.manual_seed(0)
+    return build_model({"name": "transformer"}, {"name": "rope"}, {"n_layer": 2, "d_model": 32, "n_heads": 2,
+                                                                   "seq_len": 64}, vocab)
+
+
+def _uneven_eval_rank(rank: int, port: int, out: str, shard: str, task_cfg: dict):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from duality.data import TokenWindows, tasks
+    from duality.trainer.objective import validation_loss
+    from duality.trainer.runtime import Runtime
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a short timeout: ranks whose forwards do not pair up fail within seconds instead of hanging the test
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=True)
+        val = validation_loss(rt.prepare(_eval_model(256)), TokenWindows([shard], 16, shuffle=False), 3, 1, "cpu",
+                              contextlib.nullcontext(), rank, 2)
+        task = tasks.build(task_cfg)
+        m = tasks.evaluate(rt.prepare(_eval_model(len(task.symbols))), task, 2, "cpu", None, rank, 2)
+        torch.save((val, m["val_loss"], m["val_acc"]), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_evaluation_with_fewer_examples_than_ranks_runs_every_forward(tmp_path):
+    """Under FSDP2 every forward gathers parameters with every rank, so a rank with fewer validation windows or task
+    examples than another runs an uncounted forward for each one it lacks. Before, 3 windows over 2 ranks (one each
+    in the first round, one for rank 0 alone in the second) hung rank 0 in its gather (370m/1.3B FSDP2 runs on 4 H200s
+    hung after their last step, 2026-11-27): now the losses and accuracy equal one unsharded process's."""
+    import torch.multiprocessing as mp
+
+    from duality.data import TokenWindows, tasks
+    from duality.data.shards import write_shard
+    from duality.trainer.objective import validation_loss
+    write_shard(tmp_path / "v.bin", np.random.default_rng(0).integers(0, 256, 3 * 16 + 1), 256)
+    from omegaconf import OmegaConf
+    task_cfg = {**OmegaConf.to_container(compose(["data=mqar"]).data), "train_examples": 8, "test_examples": 3}
+    mp.spawn(_uneven_eval_rank, args=(free_port(), str(tmp_path / "r"), str(tmp_path / "v.bin"), task_cfg), nprocs=2,
+             join=True)
+    val = validation_loss(_eval_model(256), TokenWindows([tmp_path / "v.bin"], 16, shuffle=False), 3, 1, "cpu",
+                          contextlib.nullcontext())
+    task = tasks.build(task_cfg)
+    m = tasks.evaluate(_eval_model(len(task.symbols)), task, 2, "cpu")
+    for r in range(2):
+        got = torch.load(tmp_path / f"r.{r}")
+        assert got == pytest.approx((val, m["val_loss"], m["val_acc"]), rel=1e-5), (got, val, m)
 
 
 @pytest.mark.slow

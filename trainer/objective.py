@@ -203,10 +203,9 @@ def validation_loss(model, windows, n_windows: int, micro_batch: int, device, au
     different windows; with cp_group each window is split over the group's ranks as in training (a window too long
     for one GPU trains split, and is validated split too)."""
     model.eval()
-    ids = list(range(min(n_windows, len(windows))))[rank::world]
     total, count = torch.zeros((), device=device), torch.zeros((), device=device)
-    for i in range(0, len(ids), micro_batch):
-        x, y = windows.batch(ids[i:i + micro_batch])
+    for ids in data_lib.rank_batches(min(n_windows, len(windows)), rank, world, micro_batch):
+        x, y = windows.batch(ids or [0])  # none left on this rank: a forward with the others, not counted
         cu, split = [], {}
         if eot is not None:
             x, y, *cu = data_lib.pack_documents(x, y, eot)
@@ -215,8 +214,9 @@ def validation_loss(model, windows, n_windows: int, micro_batch: int, device, au
             split = {"cp_group": cp_group}
         with autocast:
             _, loss = model(x.to(device), y.to(device), cu_seqlens=cu[0].to(device) if cu else None, **split)
-        total += loss.float() * y.numel()  # by tokens: a packed batch is one row; the slices sum to the window
-        count += y.numel()
+        tokens = y.numel() if ids else 0  # by tokens: a packed batch is one row; the slices sum to the window
+        total += loss.float() * tokens
+        count += tokens
     if world > 1 or cp_group is not None:  # every rank holds a part: windows, or slices of them
         dist.all_reduce(total)
         dist.all_reduce(count)

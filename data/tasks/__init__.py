@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from duality.common.errors import ConfigError
 from duality.common.plots import save_figure
 
-from ..shards import EpochOrder
+from ..shards import EpochOrder, rank_batches
 
 
 @dataclass
@@ -151,14 +151,14 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
     chars = torch.zeros(len(points), 2, dtype=torch.float64, device=device)  # exact sets: [letters right, letters]
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of token losses, scored tokens]
     for s in task.evals:
-        ids = np.arange(len(s.inputs))[rank::world]
         rows = max(1, min(micro_batch, EVAL_TOKENS // s.inputs.shape[1]))
-        for i in range(0, len(ids), rows):
-            b = ids[i:i + rows]
-            x = torch.from_numpy(s.inputs[b].astype(np.int64)).to(device)
-            y = torch.from_numpy(s.targets[b].astype(np.int64)).to(device)
+        for b in rank_batches(len(s.inputs), rank, world, rows):
+            x = torch.from_numpy(s.inputs[b or [0]].astype(np.int64)).to(device)
+            y = torch.from_numpy(s.targets[b or [0]].astype(np.int64)).to(device)
             with autocast:
                 logits, _ = model(x)
+            if not b:  # none left on this rank: a forward with the others (FSDP2 gathers in it), not counted
+                continue
             mask = y >= 0
             # fp32 for the scored positions only (MQAR scores 1 in 16): a full fp32 copy of the logits was the
             # largest allocation of an MQAR evaluation; argmax is the same on the bf16 logits' exact fp32 values
