@@ -43,6 +43,7 @@ FSDP2_PROFILE_4_BF16 = DOCS / "multi_gpu/fsdp2_profile_4xh200_bf16_2026-11-27.js
 FSDP2_PREFETCH = DOCS / "multi_gpu/fsdp2_prefetch_4xh200_2026-11-27.json"
 SCALE_4 = DOCS / "multi_gpu/scale_4xh200_2026-11-27.json"
 SWEEP_S2 = DOCS / "multi_gpu/sweep_s2_2026-11-27.json"
+SCALE_4B = DOCS / "multi_gpu/scale_4xh200_2026-11-27b.json"  # the same kind of machine, later: GLA, GDN, the sweep
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
@@ -505,6 +506,11 @@ def summary_table() -> str:
                                                       ("370m_transformer_ddp", "370m_transformer_fsdp"))
                            for n in ("2", "4")) + " of linear scaling",
                  f"{short_device(sc_rec['device'])}, {sc_rec['date']}", "docs/multi_gpu/README.md"))
+    sb_rec = load(SCALE_4B)
+    walls = {s["gpus"]: s["wall_s"] for s in sb_rec["sweep"]}
+    rows.append(("Seed 004's S2 sweep (6 jobs, one epoch each) dealt over 4 GPUs against 1 (`hydra/launcher=gpus`)",
+                 f"{walls[1] / walls[4]:.2f}× ({walls[4]} s against {walls[1]} s)",
+                 f"{short_device(sb_rec['device'])}, {sb_rec['date']}", "docs/multi_gpu/README.md"))
     cp = [s for s in load(CP_LONGEST[-1])["summary"] if s["case"] == "gla+nope"]
     one, most = cp[0], cp[-1]
     cp_rec = load(CP_LONGEST[-1])
@@ -553,7 +559,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "scaling_4": scaling_4_table, "fsdp2_2xh200": lambda: fsdp2_calls_table(FSDP2_PROFILE_2),
           "fsdp2_4xh200_bf16": lambda: fsdp2_calls_table(FSDP2_PROFILE_4_BF16),
           "fsdp2_prefetch_4xh200": lambda: fsdp2_calls_table(FSDP2_PREFETCH),
-          "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table}
+          "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table,
+          "scale_4xh200_b": lambda: scale_table(SCALE_4B)}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 

@@ -6,8 +6,8 @@
 #   loss        LOSS_STEPS (20) fp32 steps of 65,536 tokens without compile, 124m transformer + RoPE: each GPU count
 #               against 1 GPU
 #               (the same global batch, gradient accumulation making up the difference)
-#   sweep       seed 004's S2 comparison (python train.py -m sweep=parity seed=0, EPOCHS, default 1) on 1 GPU and
-#               dealt out to every GPU by hydra/launcher=gpus: wall time of each
+#   sweep       seed 004's S2 comparison (python train.py -m sweep=parity seed=0, EPOCHS, default 1) dealt out by
+#               hydra/launcher=gpus to each count of GPUs in NGPUS: wall time of each
 # Usage: bash scripts/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in WORK, default /tmp/scale)
 # NGPUS (default: 1 and each power of 2 up to the GPUs present) sets the counts; SMALL and LARGE (";"-separated
 # "backbone pe" pairs, empty for none) replace the throughput cases of each size, to split the record over calls.
@@ -38,6 +38,9 @@ common="logger.mode=disabled train.progress=false train.sample_tokens=0 train.ev
         train.ckpt_interval=100000 train.eval_tokens=$((seq * 2)) data.cache_dir=$work/cache $device"
 keep() { cp "$work/$name/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null; }  # the run's rows, into OUT
 stopped() {  # a timeout or Ctrl-C: keep what the run in progress logged (it checkpoints and ends first) and the record
+  # bash runs a trap only between commands, so each run is started in the background and waited for: the signal
+  # reaches it at once (torchrun passes it to its workers) instead of after the run has ended by itself
+  [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null && wait "$child"
   [ -n "${name:-}" ] && keep
   python3 scripts/scale_report.py "$out" > /dev/null 2>&1
   exit 143
@@ -48,8 +51,9 @@ run() {  # name nproc overrides...
   echo "=== $name ($n, started $(date +%T)): $*"
   rm -rf "$work/$name"  # a fresh run: train.py's resume=auto would continue a folder left by an earlier call
   python3 -m torch.distributed.run --standalone --nproc_per_node="$n" train.py $common out_dir=$work/$name "$@" \
-    > "$out/$name.log" 2>&1
-  echo "rc=$?"; grep -E "error|Error" "$out/$name.log" | tail -2
+    > "$out/$name.log" 2>&1 &
+  child=$!; wait $child
+  echo "rc=$?"; child=; grep -E "error|Error" "$out/$name.log" | tail -2
   keep
 }
 if [[ $mode == throughput || $mode == all ]]; then
@@ -79,20 +83,20 @@ if [[ $mode == loss || $mode == all ]]; then
 fi
 if [[ $mode == sweep || $mode == all ]]; then
   # seed 004's S2 comparison (seed 0: GLA and transformer x NoPE, RoPE, Selective RoPE) as one -m command, its jobs
-  # dealt out by hydra/launcher=gpus: all on GPU 0, then over every GPU; PER_GPU (default 6) jobs at once on a GPU
-  most=$(echo $gpus | tr ' ' '\n' | tail -1)
+  # dealt out by hydra/launcher=gpus over GPUs 0..n-1 for each count n in NGPUS; PER_GPU (default 6) jobs at once
+  # on a GPU
   tiny=()
   [ -n "${SMOKE:-}" ] && tiny=(backbone=transformer train.steps=2 train.epochs=null train.batch_size=16
     train.micro_batch=16 data.train_examples=64 data.test_examples=16 data.seq_len=16 data.eval_len=32
     train.eval_interval=2 model.d_model=32 model.n_heads=2 train.device=cpu)
-  lists="0"; [ "$most" -gt 1 ] && lists="0 $(seq -s , 0 $((most - 1)))"  # one GPU: the sweep once
-  for g in $lists; do
-    k=$(echo $g | tr , ' ' | wc -w) t=$(date +%s)
+  for k in $gpus; do
+    g=$(seq -s , 0 $((k - 1))) t=$(date +%s)
     rm -rf "$work/sweep_$k"  # fresh: its jobs would resume (resume=auto) what an earlier call left there
     python3 train.py -m sweep=parity seed=0 train.epochs=${EPOCHS:-1} "${tiny[@]}" hydra/launcher=gpus \
       "hydra.launcher.gpus=[$g]" hydra.launcher.per_gpu=${PER_GPU:-6} hydra.sweep.dir=$work/sweep_$k \
-      logger.mode=disabled train.progress=false > "$out/sweep_${k}gpu.log" 2>&1
-    rc=$?
+      logger.mode=disabled train.progress=false > "$out/sweep_${k}gpu.log" 2>&1 &
+    child=$!; wait $child
+    rc=$? child=
     echo "{\"gpus\": $k, \"wall_s\": $(( $(date +%s) - t )), \"rc\": $rc}" | tee -a "$out/sweep.jsonl"
     cp "$work/sweep_$k/launcher.jsonl" "$out/sweep_${k}gpu.launcher.jsonl" 2>/dev/null
   done

@@ -103,3 +103,31 @@ def test_a_stopped_script_keeps_the_run_in_progress_and_the_record(tmp_path):
     assert len(kept) >= 3
     rec = json.loads((tmp_path / "out" / "scale.json").read_text())
     assert list(rec["throughput"]) == ["tiny_transformer_ddp"]  # the FSDP2 case never started
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_script_alone_stops_its_run_at_once(tmp_path):
+    """`kill <script's pid>` (not its process group, as `timeout` and Ctrl-C signal): bash runs a trap only after the
+    command in the foreground has ended, so the run used to go on to its last step. Runs are now waited for in the
+    background and the trap passes the signal on: the run checkpoints and ends, its rows are kept, nothing after it
+    starts."""
+    import signal
+    import time
+    env = {**os.environ, "SMOKE": "1", "STEPS": "1000000", "NGPUS": "1", "WORK": str(tmp_path / "work"),
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    p = subprocess.Popen(["bash", "scripts/scale.sh", str(tmp_path), "throughput"], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        rows = tmp_path / "work/tp_tiny_transformer_ddp_n1/metrics.jsonl"
+        deadline = time.time() + 240
+        while not (rows.exists() and len(rows.read_text().splitlines()) >= 3) and time.time() < deadline:
+            time.sleep(1)
+        assert p.poll() is None and rows.exists(), "the run did not start"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 143
+        kept = (tmp_path / "tp_tiny_transformer_ddp_n1.metrics.jsonl").read_text().splitlines()
+        assert 3 <= len(kept) < 1_000_000 and "tiny_transformer_ddp" in (tmp_path / "scale.json").read_text()
+        assert not (tmp_path / "tp_tiny_transformer_fsdp_n1.log").exists()  # nothing after the stopped run started
+    finally:  # a script that went on must not outlive the test
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
