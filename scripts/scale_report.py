@@ -82,6 +82,7 @@ def main(out: Path) -> dict:
     device = (out / "device.txt").read_text().strip() if (out / "device.txt").exists() else None
     sweep = [json.loads(x) for x in (out / "sweep.jsonl").read_text().splitlines()] if (out / "sweep.jsonl").exists() \
         else []
+    sweep = list({s["gpus"]: s for s in sweep}.values())  # scale.sh appends: a count run again keeps its latest
     for s in sweep:  # each job's GPU and wall time (the launcher's own log): did spreading the jobs slow each down?
         log = out / f"sweep_{s['gpus']}gpu.launcher.jsonl"
         s["jobs"] = [{k: j[k] for k in ("job", "gpu", "wall_s", "status")} for j in

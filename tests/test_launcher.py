@@ -26,6 +26,7 @@ def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, 
     assert r.returncode != 0 and "the job's process exited with code 2" in r.stderr, r.stderr[-3000:]
     jobs = {j["job"]: j for j in map(json.loads, (sweep / "launcher.jsonl").read_text().splitlines())}
     assert set(jobs) == set(range(6))  # 3 schemes x 2 warmups
+    assert not (sweep / ".launcher").exists()  # the jobs' payloads, read and removed
     assert {j["gpu"] for j in jobs.values()} == {3, 5}
     for n, j in jobs.items():
         bad = "optim.warmup=-1" in j["overrides"]

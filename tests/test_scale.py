@@ -24,7 +24,10 @@ def test_report_scaling_efficiency_and_loss_differences(tmp_path):
                for s in range(1, 10)])
     write(tmp_path / "loss_n1.metrics.jsonl", [{"step": s, "loss": 2.0} for s in (1, 2)])
     write(tmp_path / "loss_n4.metrics.jsonl", [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 2.5}])
+    write(tmp_path / "sweep.jsonl", [{"gpus": 1, "wall_s": 300, "rc": 143}, {"gpus": 4, "wall_s": 90, "rc": 0},
+                                     {"gpus": 1, "wall_s": 250, "rc": 0}])  # the 1-GPU sweep run again
     rec = scale_report.main(tmp_path)
+    assert [(s["gpus"], s["wall_s"], s["rc"]) for s in rec["sweep"]] == [(1, 250, 0), (4, 90, 0)]
     tp = rec["throughput"]["370m_gla_ddp"]
     assert [tp[n]["tokens_per_s"] for n in (1, 2, 4)] == [100.0, 150.0, 360.0]
     assert [tp[n]["efficiency"] for n in (1, 2, 4)] == [1.0, 0.75, 0.9]

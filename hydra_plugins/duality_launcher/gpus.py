@@ -14,6 +14,7 @@ because the task function Hydra passes is a closure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -104,6 +105,8 @@ class GPUsLauncher(Launcher):
             t.start()
         for t in threads:
             t.join()
+        with contextlib.suppress(OSError):  # empty once every job's payload and result were read
+            (sweep_dir / ".launcher").rmdir()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return [results[i] for i in sorted(results)]
 
