@@ -139,7 +139,7 @@ def rank_batches(n: int, rank: int, world: int, rows: int) -> list[list[int]]:
     rank, so a rank that ran out of evaluation examples must still run a forward (on any input, its result not
     counted) for each forward the others run."""
     ids = list(range(n))[rank::world]
-    busiest = -(-n // world) if world > 0 else 0
+    busiest = -(-n // world)  # items on rank 0, the busiest
     batches = [ids[i:i + rows] for i in range(0, len(ids), rows)]
     return batches + [[] for _ in range(-(-busiest // rows) - len(batches))]
 
