@@ -5,8 +5,9 @@
 Throughput runs (tp_<size>_<backbone>_<strategy>_n<GPUs>): tokens/s (the median past the first third of the steps, at
 most 10: compilation and warm-up), MFU, peak memory a GPU, and the scaling efficiency tokens/s(n) / (n tokens/s(1))
 at the same batch a GPU. Loss runs (loss_n<GPUs>): the largest and mean difference of each step's loss from the
-1-GPU run's. The sweep (sweep.jsonl): wall time on 1 GPU and dealt out to all, and each job's GPU and wall time (the
-launcher's launcher.jsonl), whose sum against the sweep's wall shows whether spreading the jobs slowed each down.
+1-GPU run's. The sweep (sweep.jsonl): wall time on each count of GPUs (the latest where a count ran twice), and
+each job's GPU and wall time (the launcher's launcher.jsonl), whose sum against the sweep's wall shows whether
+spreading the jobs slowed each down.
 """
 
 import json

@@ -1,10 +1,13 @@
 """scripts/scale.sh and scale_report.py (the 8-GPU scaling record): the script's commands run at the tiny size on the
 CPU with gloo (SMOKE=1), and the report's arithmetic on known numbers."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
@@ -86,22 +89,37 @@ def test_four_gloo_processes_give_one_process_losses_and_every_run_starts_fresh(
     assert rec["1"]["steps"] == 3 and rec["4"]["steps"] == 3 and rec["4"]["max_abs_loss_diff"] < 1e-5
 
 
+@contextlib.contextmanager
+def _script_in_its_first_run(tmp_path, out, **env):
+    """scale.sh's throughput mode at the tiny size with steps it will never finish, once its first run has logged 3
+    rows; a script still alive at the end (a test that failed) is stopped with its process group."""
+    env = {**os.environ, "SMOKE": "1", "NGPUS": "1", "STEPS": "1000000", "WORK": str(tmp_path / "work"),
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", **env}
+    p = subprocess.Popen(["bash", "scripts/scale.sh", str(out), "throughput"], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        rows = tmp_path / "work" / "tp_tiny_transformer_ddp_n1" / "metrics.jsonl"
+        deadline = time.time() + 300
+        while not (rows.exists() and len(rows.read_text().splitlines()) >= 3) and time.time() < deadline:
+            time.sleep(1)
+        assert p.poll() is None and rows.exists(), "the run did not start"
+        yield p
+    finally:  # SIGTERM first: torchrun passes it to train.py, which a SIGKILL of the group would leave running
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_a_stopped_script_keeps_the_run_in_progress_and_the_record(tmp_path):
     """A device call's timeout stops the script mid-run (2026-11-27: the 1.3B 4-GPU run lost its metrics that way):
     the run's rows so far are copied out and the record is written."""
-    import signal
-    import time
-    env = {**os.environ, "SMOKE": "1", "NGPUS": "1", "SMALL": "transformer rope", "LARGE": "", "STEPS": "100000",
-           "WORK": str(tmp_path / "work"), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    p = subprocess.Popen(["bash", "scripts/scale.sh", str(tmp_path / "out"), "throughput"], cwd=ROOT, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    rows = tmp_path / "work" / "tp_tiny_transformer_ddp_n1" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while not (rows.exists() and len(rows.read_text().splitlines()) >= 3) and time.time() < deadline:
-        time.sleep(1)
-    os.killpg(p.pid, signal.SIGTERM)  # as `timeout` does: the script, torchrun and train.py
-    assert p.wait(timeout=300) == 143
+    with _script_in_its_first_run(tmp_path, tmp_path / "out", SMALL="transformer rope", LARGE="") as p:
+        os.killpg(p.pid, signal.SIGTERM)  # as `timeout` does: the script, torchrun and train.py
+        assert p.wait(timeout=300) == 143
     kept = (tmp_path / "out" / "tp_tiny_transformer_ddp_n1.metrics.jsonl").read_text().splitlines()
     assert len(kept) >= 3
     rec = json.loads((tmp_path / "out" / "scale.json").read_text())
@@ -114,23 +132,9 @@ def test_a_signal_to_the_script_alone_stops_its_run_at_once(tmp_path):
     command in the foreground has ended, so the run used to go on to its last step. Runs are now waited for in the
     background and the trap passes the signal on: the run checkpoints and ends, its rows are kept, nothing after it
     starts."""
-    import signal
-    import time
-    env = {**os.environ, "SMOKE": "1", "STEPS": "1000000", "NGPUS": "1", "WORK": str(tmp_path / "work"),
-           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    p = subprocess.Popen(["bash", "scripts/scale.sh", str(tmp_path), "throughput"], cwd=ROOT, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        rows = tmp_path / "work/tp_tiny_transformer_ddp_n1/metrics.jsonl"
-        deadline = time.time() + 240
-        while not (rows.exists() and len(rows.read_text().splitlines()) >= 3) and time.time() < deadline:
-            time.sleep(1)
-        assert p.poll() is None and rows.exists(), "the run did not start"
+    with _script_in_its_first_run(tmp_path, tmp_path) as p:
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=120) == 143
-        kept = (tmp_path / "tp_tiny_transformer_ddp_n1.metrics.jsonl").read_text().splitlines()
-        assert 3 <= len(kept) < 1_000_000 and "tiny_transformer_ddp" in (tmp_path / "scale.json").read_text()
-        assert not (tmp_path / "tp_tiny_transformer_fsdp_n1.log").exists()  # nothing after the stopped run started
-    finally:  # a script that went on must not outlive the test
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+    kept = (tmp_path / "tp_tiny_transformer_ddp_n1.metrics.jsonl").read_text().splitlines()
+    assert 3 <= len(kept) < 1_000_000 and "tiny_transformer_ddp" in (tmp_path / "scale.json").read_text()
+    assert not (tmp_path / "tp_tiny_transformer_fsdp_n1.log").exists()  # nothing after the stopped run started
