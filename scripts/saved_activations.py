@@ -38,15 +38,16 @@ def fla_like_kernels():
     that what autograd keeps can be counted without a GPU (forward only: the stand-ins have no backward). The
     recurrences keep contiguous copies of their inputs (FLA's input_guard), causal_conv1d keeps x as given, and
     both break a compiled graph. Yields the count of stand-in calls ({"recurrence": n, "conv": n}), so a caller can
-    tell that they ran."""
+    tell that they ran, and of the inputs the recurrences had to copy ("copied": not contiguous)."""
     from duality.model.core import layers
     from duality.model.mixers.base import Mixer
-    calls = {"recurrence": 0, "conv": 0}
+    calls = {"recurrence": 0, "conv": 0, "copied": 0}
 
     def copying(parallel):
         class Kernel(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *args):
+                calls["copied"] += sum(torch.is_tensor(a) and not a.is_contiguous() for a in args)
                 args = [a.contiguous() if torch.is_tensor(a) else a for a in args]
                 ctx.save_for_backward(*[a for a in args if torch.is_tensor(a)])
                 return parallel(*args)[0]
