@@ -44,8 +44,10 @@ FSDP2_PREFETCH = DOCS / "multi_gpu/fsdp2_prefetch_4xh200_2026-11-27.json"
 SCALE_4 = DOCS / "multi_gpu/scale_4xh200_2026-11-27.json"
 SWEEP_S2 = DOCS / "multi_gpu/sweep_s2_2026-11-27.json"
 SCALE_4B = DOCS / "multi_gpu/scale_4xh200_2026-11-27b.json"  # the same kind of machine, later: GLA, GDN, the sweep
+SCALE_4C = DOCS / "multi_gpu/scale_4xh200_2026-11-28.json"  # GLA and GDN on 1, 2, 4 GPUs, the 1.3B GLA on 2
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
+GLA_QKV = DOCS / "throughput/gla_qkv_h200_2026-11-28.json"
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
 FLOAT8_PARITY = DOCS / "throughput/float8_parity_1_3b_2xh200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
@@ -199,6 +201,23 @@ def quack_swiglu_table() -> str:
     cmds = "; ".join(f"`{r['command']}`" for r in rec["rows"])
     return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, "
                                f"{rec['packages']}: {cmds}. {rec['gpu_test']}; {rec['note']}.")
+
+
+def gla_qkv_table() -> str:
+    """GLA's q, k and v from one matmul or from three, and FLA's models, each run's call and GPU beside it."""
+    rec = load(GLA_QKV)
+    lines = ["| call | GPU | way | case (370m/4096) | compiled | ms a step | tokens/s | MFU | peak GiB |",
+             "|---|---:|---|---|---|---:|---:|---:|---:|"]
+    for run in rec["runs"]:
+        for r in run["rows"]:
+            mfu = "-" if r["mfu"] is None else f"{r['mfu']:.3f}"
+            lines.append(f"| {run['call'].split(':')[0]} | {run['gpu']} | {run['label']} | {r['case']} | "
+                         f"{'yes' if r['compile'] else 'no'} | {r['ms']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} | "
+                         f"{r['peak_mem_gib']:.1f} |")
+    calls = "; ".join(dict.fromkeys(run["call"] for run in rec["runs"]))
+    cmds = "; ".join(f"`{run['command']}`" for run in rec["runs"])
+    return "\n".join(lines) + (f"\n\n{rec['date']}, {rec['software']}, {rec['settings']}. Calls: {calls}. "
+                               f"Commands: {cmds}. {rec['note']} Not run: {rec['not_run']}")
 
 
 def lm_eval_bench_table() -> str:
@@ -506,6 +525,16 @@ def summary_table() -> str:
                                                       ("370m_transformer_ddp", "370m_transformer_fsdp"))
                            for n in ("2", "4")) + " of linear scaling",
                  f"{short_device(sc_rec['device'])}, {sc_rec['date']}", "docs/multi_gpu/README.md"))
+    sc_rec = load(SCALE_4C)
+    sc = sc_rec["throughput"]
+    eff = {c: f"{sc[c]['4']['efficiency']:.0%}" for c in sc if c.startswith("370m")}
+    of_ddp = {b: f"{sc[f'370m_{b}_fsdp']['4']['tokens_per_s'] / sc[f'370m_{b}_ddp']['4']['tokens_per_s']:.0%}"
+              for b in ("gla", "gated_deltanet")}
+    rows.append(("1 → 2 → 4 GPUs at a fixed batch a GPU, 370m/4096 GLA and Gated DeltaNet (DDP / FSDP2)",
+                 f"4 GPUs: GLA {eff['370m_gla_ddp']} / {eff['370m_gla_fsdp']}, Gated DeltaNet "
+                 f"{eff['370m_gated_deltanet_ddp']} / {eff['370m_gated_deltanet_fsdp']} of linear scaling (FSDP2 at "
+                 f"{of_ddp['gla']} / {of_ddp['gated_deltanet']} of DDP's tokens/s)",
+                 f"{short_device(sc_rec['device'])}, {sc_rec['date']}", "docs/multi_gpu/README.md"))
     sb_rec = load(SCALE_4B)
     walls = {s["gpus"]: s["wall_s"] for s in sb_rec["sweep"]}
     rows.append(("Seed 004's S2 sweep (6 jobs, one epoch each) dealt over 4 GPUs against 1 (`hydra/launcher=gpus`)",
@@ -549,7 +578,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS),
           "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS),
           "first_step_h200_fresh": lambda: first_step_table(FIRST_STEP_H200_FRESH), "loss_kernel": loss_kernel_table,
-          "quack_swiglu": quack_swiglu_table, "float8": float8_table, "float8_parity": float8_parity_table,
+          "quack_swiglu": quack_swiglu_table, "gla_qkv": gla_qkv_table, "float8": float8_table,
+          "float8_parity": float8_parity_table,
           "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
@@ -560,7 +590,7 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "fsdp2_4xh200_bf16": lambda: fsdp2_calls_table(FSDP2_PROFILE_4_BF16),
           "fsdp2_prefetch_4xh200": lambda: fsdp2_calls_table(FSDP2_PREFETCH),
           "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table,
-          "scale_4xh200_b": lambda: scale_table(SCALE_4B)}
+          "scale_4xh200_b": lambda: scale_table(SCALE_4B), "scale_4xh200_c": lambda: scale_table(SCALE_4C)}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 

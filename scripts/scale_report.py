@@ -98,9 +98,9 @@ def main(out: Path) -> dict:
             a, b = axes
             for config, by_n in rec["throughput"].items():
                 ns = sorted(by_n)
-                a.plot(ns, [by_n[n]["tokens_per_s"] for n in ns], marker="o", label=config)
-                if all(by_n[n]["efficiency"] is not None for n in ns):
-                    b.plot(ns, [100 * by_n[n]["efficiency"] for n in ns], marker="o", label=config)
+                line, = a.plot(ns, [by_n[n]["tokens_per_s"] for n in ns], marker="o", label=config)
+                if all(by_n[n]["efficiency"] is not None for n in ns):  # a config's colour in both panels
+                    b.plot(ns, [100 * by_n[n]["efficiency"] for n in ns], marker="o", color=line.get_color())
             counts = sorted({n for by_n in rec["throughput"].values() for n in by_n})
             for ax in (a, b):
                 ax.set_xscale("log", base=2)
