@@ -38,6 +38,8 @@ SIZES = {
     "124m": (["model=124m"], 32, 1024),
     "370m": (["model=370m"], 8, 4096),
     "370m_16k": (["model=370m", "model.seq_len=16384"], 2, 16384),
+    # scale.sh's 1.3B runs (micro-batch 4 x 4,096): untuned, GLA's first step on a fresh H200 passed 4 minutes
+    "1_3b": (["model=1_3b"], 4, 4096),
     "state_tracking": (["task=state_tracking"], 256, 128),
     "mqar": (["task=mqar"], 512, 128),
     # the MQAR runs at d_model 64 and 256 have other head sizes, so other keys (H100, 2026-11-25: mqar_d64:gla took

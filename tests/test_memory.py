@@ -401,7 +401,7 @@ def test_split_linear_under_autocast_keeps_one_copy_of_its_input(compiled):
     assert [p.dtype for p in parts] == [torch.bfloat16] * 2 and len(copies) == 1
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("backbone", ["gla", "retnet", "mamba2", "gated_oja", "deltanet", "gated_deltanet",
                                       "linear_attn"])
 def test_backward_keeps_no_buffer_it_does_not_use(backbone, compiled):
@@ -436,22 +436,28 @@ def test_backward_keeps_no_buffer_it_does_not_use(backbone, compiled):
     assert len(used) > 10 and used[0] >= 0.9, used
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_gla_hands_its_recurrence_inputs_it_need_not_copy(compiled):
-    """GLA's q, k and v come from matmuls of their own, so they reach the recurrence contiguous and FLA's kernels
-    copy none of them (views of one [q | k | v] output were copied forward and their gradients concatenated
-    backward: 1.8% of a 370m/4096 step on an H200, docs/throughput). With the short convolution they stay views of
-    its one output. Counted with the stand-ins of FLA's kernels, eager and compiled."""
+# inputs the recurrence must copy, per layer: RetNet's per-head decay is one constant row broadcast over the batch
+# ([B, T, H, 1], tiny); DeltaNet's v is a view of the one short convolution over [q | k | v] (q and k are not: the
+# L2 norm writes them anew); GLA with its short convolution likewise hands q, k and v as views of its output
+COPIED_PER_LAYER = {"gla": 0, "retnet": 1, "mamba2": 0, "gated_oja": 0, "linear_attn": 0, "deltanet": 1,
+                    "gated_deltanet": 1, "gla+short_conv": 3}
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backbone", list(COPIED_PER_LAYER))
+def test_recurrences_get_inputs_they_need_not_copy(backbone, compiled):
+    """q, k and v come from matmuls of their own (split_linear), so they reach the recurrence contiguous and FLA's
+    kernels copy none of them: views of one [q | k | v] output were copied forward and their gradients concatenated
+    backward (1.5% of GLA's 370m/4096 step on an H200, docs/throughput). Counted with the stand-ins of FLA's kernels,
+    eager and compiled."""
     from saved_activations import fla_like_kernels
-    copied = {}
-    for conv in (False, True):
-        torch.manual_seed(0)
-        m = build_model({"name": "gla", "short_conv": conv}, {"name": "nope"},
-                        {"n_layer": 2, "d_model": 64, "n_heads": 2, "seq_len": 16}, V)
-        torch._dynamo.reset()
-        run = torch.compile(m, backend="aot_eager_decomp_partition") if compiled else m
-        with fla_like_kernels() as calls:
-            run(torch.randint(0, V, (3, 16)), torch.randint(0, V, (3, 16)))
-        assert calls["recurrence"] == 2, calls
-        copied[conv] = calls["copied"]
-    assert copied == {False: 0, True: 6}, copied  # q, k, v in each of 2 layers
+    name, _, conv = backbone.partition("+")
+    torch.manual_seed(0)
+    m = build_model({"name": name, **({"short_conv": True} if conv else {})}, {"name": "nope"},
+                    {"n_layer": 2, "d_model": 64, "n_heads": 2, "seq_len": 16}, V)
+    torch._dynamo.reset()
+    run = torch.compile(m, backend="aot_eager_decomp_partition") if compiled else m
+    with fla_like_kernels() as calls:
+        run(torch.randint(0, V, (3, 16)), torch.randint(0, V, (3, 16)))
+    assert calls["recurrence"] == 2, calls
+    assert calls["copied"] == 2 * COPIED_PER_LAYER[backbone], calls

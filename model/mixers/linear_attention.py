@@ -20,7 +20,7 @@ from torch import nn
 from duality.kernels.recurrences import gated, gated_recurrent
 
 from ..core.context import TRAINING
-from ..core.layers import OUTPUT_NORM_EPS, residual_linear
+from ..core.layers import OUTPUT_NORM_EPS, residual_linear, split_linear
 from .base import Mixer, register
 
 
@@ -39,7 +39,8 @@ class LinearAttention(Mixer):
 
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
+        # q, k and v each its own matmul of the one Linear: contiguous, so FLA's kernel copies none
+        q, k, v = (t.view(B, T, self.n_heads, self.head_dim) for t in split_linear(x, self.qkv, [self.d_model] * 3))
         q, k = self.rotate_qk(q, k, x, ctx)
         g = q.new_zeros(B, T, self.n_heads, 1, dtype=torch.float32)  # no forget gate: log a_t = 0
         o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), ctx)

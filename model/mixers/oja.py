@@ -32,8 +32,9 @@ class GatedOja(Mixer):
                  output_gate: bool = True):
         super().__init__(d_model, n_heads, pe)
         D, H = self.head_dim, n_heads
-        # every projection of x in one Linear, [q | k | v | W_1 (gate, low rank) | w_beta | output gate], two
-        # matmuls: [q | k | v] (the kernels copy them) and the rest (kept for backward; split_linear says why)
+        # every projection of x in one Linear, [q | k | v | W_1 (gate, low rank) | w_beta | output gate], one matmul
+        # for each of q, k and v (contiguous, so FLA's kernels copy none) and one for the rest (kept for backward;
+        # split_linear says why)
         self.output_gate = output_gate
         self.sizes = [3 * d_model, gate_low_rank, H, d_model if output_gate else 0]
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=False)
@@ -43,9 +44,10 @@ class GatedOja(Mixer):
     def forward(self, x, ctx=TRAINING):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        qkv, rest = split_linear(x, self.in_proj, [self.sizes[0], sum(self.sizes[1:])])
+        d = self.d_model
+        *qkv, rest = split_linear(x, self.in_proj, [d, d, d, sum(self.sizes[1:])])
         g_low, b, gate = rest.split(self.sizes[1:], -1)
-        q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
+        q, k, v = (t.view(B, T, H, D) for t in qkv)
         v = l2norm(v)
         gv = self.g_up(g_low)
         beta = torch.sigmoid(up(b))
