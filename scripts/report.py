@@ -436,6 +436,13 @@ def summary_table() -> str:
                  f"({ours['ms']:.0f} ms, {ours['peak_mem_gib']:.1f} GiB compiled against {fla['ms']:.0f} ms, "
                  f"{fla['peak_mem_gib']:.1f} GiB)", f"{short_device(fla_rec['device'])}, {fla_rec['date']}",
                  "docs/memory/README.md"))
+    qkv = load(GLA_QKV)  # call A: GPU 2 ran the changed GLA and FLA's models, GPU 0 Gated DeltaNet
+    gpu = {g: {r["case"]: r["ms"] for run in qkv["runs"] if run["call"].startswith("A") and run["gpu"] == g
+               for r in run["rows"]} for g in (0, 2)}
+    rows.append(("GLA and Gated DeltaNet against FLA's own models (370m, 8 × 4,096; ours compiled, FLA's eager)",
+                 f"GLA {gpu[2]['fla:gla'] / gpu[2]['gla+nope']:.2f}×, Gated DeltaNet "
+                 f"{gpu[2]['fla:gated_deltanet'] / gpu[0]['gated_deltanet+nope']:.2f}× their speed",
+                 f"H200, {qkv['date']}", "docs/throughput/README.md"))
     lk = load(LOSS_KERNEL)
     ways = {r["way"]: r for r in lk["loss"][0]["rows"]}
     saved = [c["peak_mem_gib"] - t["peak_mem_gib"] for c, t in _pairs(lk["steps"], "case", "impl",
