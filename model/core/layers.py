@@ -26,7 +26,8 @@ def split_linear(x, linear: nn.Linear, sizes) -> list:
     """linear(x) in parts of `sizes` output features, each part its own matmul and buffer. A mixer keeps all its
     projections of x in one Linear (one parameter) and groups them by what backward keeps: autograd keeps a saved
     view's whole buffer alive, so with one matmul the output gate that the norm-gate keeps held all of
-    [q | k | v | gate] (4x the gate, every layer), though FLA's kernels keep their own copies of q, k and v."""
+    [q | k | v | gate] (4x the gate, every layer). Mixers also give q, k and v a part each: contiguous, so FLA's
+    kernels keep them as they are instead of copying views of one buffer."""
     device = x.device.type
     if torch.is_autocast_enabled(device) and not torch.compiler.is_compiling():
         # cast x once: autocast casts an fp32 input for every matmul, and backward would keep each copy

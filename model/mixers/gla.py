@@ -41,7 +41,7 @@ class GLA(Mixer):
             raise ValueError(f"gla: expand_k={expand_k}, expand_v={expand_v} leave no channels per head")
         H = n_heads
         # every projection of x in one Linear, [q | k | v | W_1 (gate, low rank) | output gate], one matmul for each
-        # of q, k and v (contiguous, so FLA's kernels copy none; 1.8% of a 370m step, docs/throughput) and one for
+        # of q, k and v (contiguous, so FLA's kernels copy none; 1.5% of a 370m step, docs/throughput) and one for
         # the gates (kept for backward; split_linear says why)
         self.output_gate = output_gate
         self.sizes = [H * self.dk, H * self.dk, H * self.dv, gate_low_rank, H * self.dv if output_gate else 0]
