@@ -2,7 +2,7 @@
 write the winners to kernels/configs/<GPU>/ (kernels/tuned_configs.py loads them by default on that GPU).
 
     python scripts/tune_kernels.py                       # every workload below, merged into kernels/configs/<GPU>
-    python scripts/tune_kernels.py --only 370m --jobs 4  # a subset, four processes at once
+    python scripts/tune_kernels.py --only 370m --jobs 4  # a subset, four processes at once (over the GPUs, if several)
     python scripts/tune_kernels.py --merge OUT/a OUT/b   # merge folders written elsewhere (e.g. the GPU test group
                                                          # run with DUALITY_TUNE_OUT=..., one folder per worker)
     python scripts/tune_kernels.py --list                # the workloads
@@ -12,7 +12,8 @@ at the given width, micro-batch and context, optionally with packed documents (F
 returns the recurrent state (decoding's prefill). Keys already shipped are not tuned again (the shipped configs
 are loaded first; --retune ignores them). A stopped --jobs run leaves its processes' results in OUT/.parts/*:
 `--merge OUT/.parts/*` keeps them. With --jobs N the workloads run in N processes at once: Triton's
-compilation of the candidate configs, which dominates, spreads over the CPU cores, at the price of noisier timings.
+compilation of the candidate configs, which dominates, spreads over the CPU cores, at the price of noisier timings;
+on a machine of several GPUs the processes are dealt out over them, one GPU each while there are enough.
 Each workload runs in a process of its own, so one that crashes the CUDA context loses only itself; the run exits 1
 naming the workloads that failed.
 """
@@ -148,12 +149,24 @@ def main():
     parts_of = [names[i::a.jobs] for i in range(a.jobs)]
     parts = out / ".parts"  # one folder per process (no two writers of one file); kept if this run is stopped
     procs = [subprocess.Popen([sys.executable, __file__, "--out", str(parts / str(i)),
-                               *(["--retune"] if a.retune else []), "--worker", *p]) for i, p in enumerate(parts_of)
-             if p]
+                               *(["--retune"] if a.retune else []), "--worker", *p], env=job_env(i))
+             for i, p in enumerate(parts_of) if p]
     rc = [p.wait() for p in procs]
     print(f"{merge(sorted(parts.glob('*')), out)} entries added to {out}")
     shutil.rmtree(parts)
     sys.exit(max(rc))
+
+
+def job_env(i: int) -> dict:
+    """The environment of --jobs process i: on a machine of several GPUs, the processes are dealt out over the
+    visible ones (CUDA_VISIBLE_DEVICES, or all), one GPU each, so fewer share a GPU while timing candidates."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        import torch
+        gpus = [str(g) for g in range(torch.cuda.device_count())]
+    else:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    return {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if len(gpus) > 1 else {})}
 
 
 def merge(folders, out: Path) -> int:

@@ -178,3 +178,18 @@ def test_tune_kernels_runs_each_workload_in_its_own_process(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr[-2000:]
     assert "state_tracking:gla: failed" in r.stdout and "mqar:retnet: failed" in r.stdout
     assert "failed: state_tracking:gla mqar:retnet" in r.stdout
+
+
+def test_tune_kernels_deals_its_processes_over_the_visible_gpus(monkeypatch):
+    """--jobs N on a machine of several GPUs: process i gets the (i mod G)-th visible GPU alone; with one GPU or
+    none the environment is left as it is (the processes share it)."""
+    from tune_kernels import job_env  # scripts/ is on the path (conftest)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3,5")
+    assert [job_env(i)["CUDA_VISIBLE_DEVICES"] for i in range(5)] == ["2", "3", "5", "2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert job_env(3)["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 4)
+    assert [job_env(i).get("CUDA_VISIBLE_DEVICES") for i in range(5)] == ["0", "1", "2", "3", "0"]
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    assert "CUDA_VISIBLE_DEVICES" not in job_env(1)
