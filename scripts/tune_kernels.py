@@ -160,13 +160,9 @@ def main():
 def job_env(i: int) -> dict:
     """The environment of --jobs process i: on a machine of several GPUs, the processes are dealt out over the
     visible ones (CUDA_VISIBLE_DEVICES, or all), one GPU each, so fewer share a GPU while timing candidates."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        import torch
-        gpus = [str(g) for g in range(torch.cuda.device_count())]
-    else:
-        gpus = [g.strip() for g in visible.split(",") if g.strip()]
-    return {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if len(gpus) > 1 else {})}
+    from hydra_plugins.duality_launcher.gpus import visible_gpus  # the sweep launcher's reading of them
+    gpus = visible_gpus()
+    return {**os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpus[i % len(gpus)])} if len(gpus) > 1 else {})}
 
 
 def merge(folders, out: Path) -> int:
