@@ -151,6 +151,10 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         if self.quack and x.is_cuda and torch.is_grad_enabled():
+            if torch.is_autocast_enabled("cuda"):
+                # cast here, where a compiled block writes the norm's output in bf16 in the norm's kernel, not the
+                # fp32 output quack would cast (and its gradient back) eagerly, outside the graph; the same values
+                x = x.to(torch.get_autocast_dtype("cuda"))
             return quack_swiglu(x, self.w13.weight, self.w2.weight)
         a, b = self.w13(x).chunk(2, dim=-1)
         return swiglu_linear(a, b, self.w2.weight)

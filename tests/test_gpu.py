@@ -342,11 +342,15 @@ def test_loss_kernel_bf16_against_the_plain_logits(vocab):
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("quack"), reason="needs quack-kernels")
-def test_quack_swiglu_matches_the_pytorch_form():
+def test_quack_swiglu_matches_the_pytorch_form(monkeypatch):
     """model.mlp_impl=quack (quack-kernels' GEMMs with SwiGLU epilogues) against the SwiGLU's PyTorch form on the same
     weights, under bf16 autocast at an awkward row count: output and every gradient to 1e-2 (bf16, rounded in other
-    places); inference takes the PyTorch form."""
+    places), the fp32 input handed to quack in bf16 (cast by SwiGLU, where a compiled block fuses it); inference takes
+    the PyTorch form."""
+    from duality.model import gpt
     from duality.model.gpt import SwiGLU
+    seen = []
+    monkeypatch.setattr(gpt, "quack_swiglu", lambda x, *w, f=gpt.quack_swiglu: seen.append(x.dtype) or f(x, *w))
     torch.manual_seed(0)
     quack = SwiGLU(256, 704, "quack").cuda()
     plain = SwiGLU(256, 704).cuda()
@@ -361,6 +365,7 @@ def test_quack_swiglu_matches_the_pytorch_form():
         out[name] = (y, *torch.autograd.grad(y, (x, m.w13.weight, m.w2.weight), dy))
     for a, b in zip(out["quack"], out["plain"]):
         assert _rel(a, b) < 1e-2, _rel(a, b)
+    assert seen == [torch.bfloat16] and out["quack"][1].dtype == torch.float32
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         assert _rel(quack(x), plain(x)) == 0
 
