@@ -45,9 +45,11 @@ SCALE_4 = DOCS / "multi_gpu/scale_4xh200_2026-11-27.json"
 SWEEP_S2 = DOCS / "multi_gpu/sweep_s2_2026-11-27.json"
 SCALE_4B = DOCS / "multi_gpu/scale_4xh200_2026-11-27b.json"  # the same kind of machine, later: GLA, GDN, the sweep
 SCALE_4C = DOCS / "multi_gpu/scale_4xh200_2026-11-28.json"  # GLA and GDN on 1, 2, 4 GPUs, the 1.3B GLA on 2
+SCALE_1D = DOCS / "multi_gpu/scale_1xh200_2026-11-28.json"  # the 1.3B GLA on 1 GPU, tuned shapes, another machine
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
-QUACK_SWIGLU = DOCS / "throughput/quack_swiglu_h200_2026-11-27.json"
+QUACK_SWIGLU = [DOCS / f"throughput/quack_swiglu_h200_{d}.json" for d in ("2026-11-27", "2026-11-28")]
 GLA_QKV = DOCS / "throughput/gla_qkv_h200_2026-11-28.json"
+QKV_OTHERS = DOCS / "throughput/qkv_split_h200_2026-11-28.json"  # RetNet, Mamba2, gated Oja, linear attention
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
 FLOAT8_PARITY = DOCS / "throughput/float8_parity_1_3b_2xh200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
@@ -191,21 +193,25 @@ def float8_parity_table() -> str:
 
 
 def quack_swiglu_table() -> str:
-    """bench_train's step with each model.mlp_impl, one process each on one machine."""
-    rec = load(QUACK_SWIGLU)
-    lines = ["| case (370m/4096, compiled) | ms a step: inductor / quack | MFU | peak GiB | first step, s |",
-             "|---|---:|---:|---:|---:|"]
-    for case, (i, q) in _pairs(rec["rows"], "case", "impl", ("inductor", "quack")).items():
-        lines.append(f"| {case} | {i['ms']:.1f} / {q['ms']:.1f} | {_pair(i, q, 'mfu', '.3f')} | "
-                     f"{_pair(i, q, 'peak_mem_gib', '.1f')} | {_pair(i, q, 'first_step_s', '.1f')} |")
-    cmds = "; ".join(f"`{r['command']}`" for r in rec["rows"])
-    return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, "
-                               f"{rec['packages']}: {cmds}. {rec['gpu_test']}; {rec['note']}.")
+    """bench_train's step with each model.mlp_impl, one process each on one machine, a line per record."""
+    lines = ["| case (370m/4096, compiled) | date | ms a step: inductor / quack | quack's gain | MFU | peak GiB | "
+             "first step, s |", "|---|---|---:|---:|---:|---:|---:|"]
+    notes = []
+    for rec in map(load, QUACK_SWIGLU):
+        for case, (i, q) in _pairs(rec["rows"], "case", "impl", ("inductor", "quack")).items():
+            lines.append(f"| {case} | {rec['date']} | {i['ms']:.1f} / {q['ms']:.1f} | {1 - q['ms'] / i['ms']:.1%} | "
+                         f"{_pair(i, q, 'mfu', '.3f')} | {_pair(i, q, 'peak_mem_gib', '.1f')} | "
+                         f"{_pair(i, q, 'first_step_s', '.1f')} |")
+        cmds = "; ".join(f"`{r['command']}`" for r in rec["rows"])
+        notes.append(f"{rec['date']}: {short_device(rec['device'])}, torch {rec['torch']}, {rec['packages']}: {cmds}. "
+                     f"{rec['gpu_test']}; {rec['note']}.")
+    return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
 
 
-def gla_qkv_table() -> str:
-    """GLA's q, k and v from one matmul or from three, and FLA's models, each run's call and GPU beside it."""
-    rec = load(GLA_QKV)
+def qkv_table(path: Path) -> str:
+    """A mixer's q, k and v from one matmul or from three (and FLA's models, where run), each run's call and GPU
+    beside it."""
+    rec = load(path)
     lines = ["| call | GPU | way | case (370m/4096) | compiled | ms a step | tokens/s | MFU | peak GiB |",
              "|---|---:|---|---|---|---:|---:|---:|---:|"]
     for run in rec["runs"]:
@@ -585,7 +591,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS),
           "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS),
           "first_step_h200_fresh": lambda: first_step_table(FIRST_STEP_H200_FRESH), "loss_kernel": loss_kernel_table,
-          "quack_swiglu": quack_swiglu_table, "gla_qkv": gla_qkv_table, "float8": float8_table,
+          "quack_swiglu": quack_swiglu_table, "gla_qkv": lambda: qkv_table(GLA_QKV),
+          "qkv_others": lambda: qkv_table(QKV_OTHERS), "float8": float8_table,
           "float8_parity": float8_parity_table,
           "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
@@ -597,7 +604,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "fsdp2_4xh200_bf16": lambda: fsdp2_calls_table(FSDP2_PROFILE_4_BF16),
           "fsdp2_prefetch_4xh200": lambda: fsdp2_calls_table(FSDP2_PREFETCH),
           "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table,
-          "scale_4xh200_b": lambda: scale_table(SCALE_4B), "scale_4xh200_c": lambda: scale_table(SCALE_4C)}
+          "scale_4xh200_b": lambda: scale_table(SCALE_4B), "scale_4xh200_c": lambda: scale_table(SCALE_4C),
+          "scale_1xh200_d": lambda: scale_table(SCALE_1D)}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 
