@@ -216,15 +216,17 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
             torch.cuda.synchronize()
             profiled_ms = (time.perf_counter() - t0) / 3 * 1e3
         table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90)
-        kernels = [(e.key, e.self_device_time_total) for e in prof.key_averages()  # GPU kernels; not the GPU
-                   if e.device_type == torch.autograd.DeviceType.CUDA                # side of record_function ranges
-                   and not getattr(e, "is_user_annotation", False)]              # (Optimizer.step#AdamW.step)
-        listing = "\n".join(f"{us / 3e3:8.2f} ms  {kernel_kind(name)[:24]:24s}  {name[:150]}"
-                             for name, us in sorted(kernels, key=lambda k: -k[1]))
+        events = [e for e in prof.key_averages()  # GPU kernels; not the GPU side of record_function ranges
+                  if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+        kernels = [(e.key, e.self_device_time_total) for e in events]
+        # calls a step beside each kernel's time: tells one large kernel from many small launches
+        listing = "\n".join(f"{e.self_device_time_total / 3e3:8.2f} ms {e.count / 3:6.0f}x  "
+                             f"{kernel_kind(e.key)[:24]:24s}  {e.key[:150]}"
+                             for e in sorted(events, key=lambda e: -e.self_device_time_total))
         profile.write_text(f"{case} {size}/{seq} compile={compiled}, 3 steps of {B} x {seq} tokens, {ms:.1f} ms a step "
                            f"unprofiled, {profiled_ms:.1f} profiled\n"
-                           f"{kernel_breakdown(kernels, 3, ms, profiled_ms)}\n\n{table}\n\nevery kernel, ms a step:\n"
-                           f"{listing}\n")
+                           f"{kernel_breakdown(kernels, 3, ms, profiled_ms)}\n\n{table}\n\n"
+                           f"every kernel, ms and calls a step:\n{listing}\n")
     tps = B * seq / (ms / 1e3)
     peak = peak_flops(torch.device(device))
     row = {"case": case, "size": size, "seq_len": seq, "batch": B, "compile": compiled, "ms": ms, "tokens_per_s": tps,
@@ -269,6 +271,10 @@ def kernel_breakdown(kernels, steps: int, step_ms: float, profiled_ms: float | N
     if busy > 1.02 * wall:
         lines.append(f"(the kernels sum to {busy:.1f} ms, more than the {wall:.1f} ms step: some kernel times are "
                      "over-counted; time a suspect kernel alone before trusting its row)")
+    if profiled_ms and profiled_ms > 1.1 * step_ms:  # quack's GEMMs under the profiler: 735 ms against 190 (H200)
+        lines.append(f"(the profiler slowed the steps from {step_ms:.1f} to {profiled_ms:.1f} ms, the host's launches "
+                     f"lagging, so most of that idle time is the profiler's; against the unprofiled step the kernels "
+                     f"leave {step_ms - busy:.1f} ms)")
     return "\n".join(lines)
 
 

@@ -191,4 +191,10 @@ def test_kernel_breakdown_sorts_kernels_by_kind_and_shows_the_idle_time():
     assert float(text[-1][42:].split()[0]) == pytest.approx(18.0 - 49_950 / 3 / 1e3, abs=0.05)
     flagged = bench_train.kernel_breakdown(kernels, steps=3, step_ms=20.0, profiled_ms=15.0).splitlines()
     assert flagged[-1].startswith("(the kernels sum to 16.6 ms, more than the 15.0 ms step")
+    # a profiler that slowed the steps: the idle against the unprofiled step is given too
+    slowed = bench_train.kernel_breakdown(kernels, steps=3, step_ms=20.0, profiled_ms=70.0).splitlines()
+    assert float(slowed[-2][42:].split()[0]) == pytest.approx(70.0 - 49_950 / 3 / 1e3, abs=0.05)
+    assert slowed[-1] == ("(the profiler slowed the steps from 20.0 to 70.0 ms, the host's launches lagging, so most "
+                          "of that idle time is the profiler's; against the unprofiled step the kernels leave 3.4 ms)")
+    assert "slowed" not in "\n".join(text)
 
