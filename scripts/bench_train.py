@@ -207,7 +207,8 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
     ms = statistics.median(s.elapsed_time(e) for s, e in times)
     if profile is not None:  # 3 more steps under torch.profiler: the kernels by GPU time
         from torch.profiler import ProfilerActivity
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for i in range(3):
@@ -216,6 +217,9 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
             torch.cuda.synchronize()
             profiled_ms = (time.perf_counter() - t0) / 3 * 1e3
         table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90)
+        # the eager ops by input shapes: which tensors the copies, fills and adds outside the compiled graphs touch
+        shapes = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=40, max_shapes_column_width=80)
         events = [e for e in prof.key_averages()  # GPU kernels; not the GPU side of record_function ranges
                   if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
         kernels = [(e.key, e.self_device_time_total) for e in events]
@@ -226,7 +230,7 @@ def measure(case, size, seq, compiled, steps, warmup, device="cuda", profile: Pa
         profile.write_text(f"{case} {size}/{seq} compile={compiled}, 3 steps of {B} x {seq} tokens, {ms:.1f} ms a step "
                            f"unprofiled, {profiled_ms:.1f} profiled\n"
                            f"{kernel_breakdown(kernels, 3, ms, profiled_ms)}\n\n{table}\n\n"
-                           f"every kernel, ms and calls a step:\n{listing}\n")
+                           f"by input shapes:\n{shapes}\n\nevery kernel, ms and calls a step:\n{listing}\n")
     tps = B * seq / (ms / 1e3)
     peak = peak_flops(torch.device(device))
     row = {"case": case, "size": size, "seq_len": seq, "batch": B, "compile": compiled, "ms": ms, "tokens_per_s": tps,
