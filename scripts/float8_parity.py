@@ -1,5 +1,8 @@
 """Does float8 training (train.float8) follow bf16's loss? Two seeds of each, the same data, steps and learning rate;
-float8 passes where its validation losses stay within the spread that bf16 shows between its own seeds.
+float8 passes where its validation losses stay within the spread that bf16 shows between its own seeds. Any other
+setting is compared the same way against the default runs (float8_parity.sh: NAME, VARIANT, MODEL; e.g. quack's
+SwiGLU at 370m: NAME=quack VARIANT=model.mlp_impl=quack MODEL=370m); its runs are `<NAME>-s<seed>`, the default's
+`bf16-s<seed>`.
 
     python scripts/float8_parity.py corpus /tmp/f8/corpus.jsonl --mb 70     # this machine's Python sources as text
     python data/prepare.py data=text data.files=/tmp/f8/corpus.jsonl data.cache_dir=/tmp/f8/cache +data.bpe_docs=4000
@@ -131,7 +134,7 @@ def plot(val: dict[str, dict[int, float]], result: dict, path: str) -> None:
                    ls="-" if i == 0 else "--", label=f"{r} - bf16, seed {seed}")
     b.axhline(0, color="grey", lw=0.5)
     b.set(xlabel="step", ylabel="difference of validation loss", ylim=(-0.08, 0.08),
-          title="float8 against bf16 of the same seed")
+          title=f"{' and '.join(result['verdict'])} against bf16 of the same seed")
     b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -4,23 +4,28 @@
 # LongCrawl64-style arrays (DATA_DIR, made by scripts/float8_parity.py corpus / pack), validation every 100 steps.
 # The four runs start at once, spread over the GPUs (two 1.3B runs of ~40 GiB share an H200 on a 2-GPU machine).
 # Stopped by a signal (`timeout -s TERM`), each run checkpoints; the same command then continues the unfinished ones.
-# Usage: bash scripts/float8_parity.sh OUT_DIR DATA_DIR   (runs in /tmp/f8/runs; the record and the plot in OUT_DIR)
+# Another setting against the default, the same way: NAME (its runs' label, default $RECIPE), VARIANT (its Hydra
+# overrides, space-separated; default train.float8=$RECIPE), MODEL (default 1_3b); the default's runs stay bf16-s0/s1.
+# Usage: bash scripts/float8_parity.sh OUT_DIR DATA_DIR   (runs in RUNS, default /tmp/f8/runs; the record and the
+#        plot in OUT_DIR)   e.g. NAME=quack VARIANT=model.mlp_impl=quack MODEL=370m bash scripts/float8_parity.sh ...
 set -uo pipefail
 out=${1:?usage: float8_parity.sh OUT_DIR DATA_DIR} root=${2:?usage: float8_parity.sh OUT_DIR DATA_DIR}
-mkdir -p "$out" /tmp/f8/runs
-steps=${STEPS:-2000} recipe=${RECIPE:-tensorwise}
+steps=${STEPS:-2000} recipe=${RECIPE:-tensorwise} model=${MODEL:-1_3b} runs=${RUNS:-/tmp/f8/runs}
+name=${NAME:-$recipe} variant=${VARIANT:-train.float8=$recipe}
+mkdir -p "$out" "$runs"
 data="data=longcrawl64 data.root=$root data.doc_len=4096 data.tokenizer=$root/tokenizer.json data.bos_id=$(cat $root/bos.txt)"
 ngpu=$(nvidia-smi -L | wc -l) i=0
-for run in bf16-s0 $recipe-s0 bf16-s1 $recipe-s1; do
+for run in bf16-s0 $name-s0 bf16-s1 $name-s1; do
   r=${run%-s*} s=${run##*-s} i=$((i + 1))
-  grep -qs "\"step\": $steps, \"val_loss\"" /tmp/f8/runs/$run/metrics.jsonl && continue  # finished
-  CUDA_VISIBLE_DEVICES=$(((i - 1) % ngpu)) python3 train.py model=1_3b $data seed=$s out_dir=/tmp/f8/runs/$run \
-    train.float8=$([ "$r" = bf16 ] && echo none || echo "$r") train.steps=$steps train.global_batch_tokens=8192 \
+  grep -qs "\"step\": $steps, \"val_loss\"" $runs/$run/metrics.jsonl && continue  # finished
+  # shellcheck disable=SC2086  # $variant: one or more overrides
+  CUDA_VISIBLE_DEVICES=$(((i - 1) % ngpu)) python3 train.py model=$model $data seed=$s out_dir=$runs/$run \
+    $([ "$r" = bf16 ] || echo "$variant") train.steps=$steps train.global_batch_tokens=8192 \
     train.micro_batch=2 train.activation_checkpointing=none optim.lr=3e-4 train.eval_interval=100 \
     train.eval_tokens=131072 train.log_interval=20 train.ckpt_interval=100000 train.sample_tokens=0 \
     train.progress=false logger=none >> "$out/$run.log" 2>&1 &
 done
 wait
-for run in /tmp/f8/runs/*; do echo "$(basename $run): $(tail -n 1 $out/$(basename $run).log)"; done
-python3 scripts/float8_parity.py report /tmp/f8/runs --record "$out/float8_parity.json" --plot "$out/float8_parity.png" \
-  --note "bash scripts/float8_parity.sh OUT (STEPS=$steps RECIPE=$recipe) on $(nvidia-smi -L | head -1 | cut -d'(' -f1)"
+for run in "$runs"/*; do echo "$(basename $run): $(tail -n 1 $out/$(basename $run).log)"; done
+python3 scripts/float8_parity.py report "$runs" --record "$out/${name}_parity.json" --plot "$out/${name}_parity.png" \
+  --note "bash scripts/float8_parity.sh OUT (STEPS=$steps MODEL=$model NAME=$name VARIANT=$variant) on $(nvidia-smi -L | head -1 | cut -d'(' -f1)"
