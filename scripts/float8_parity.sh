@@ -28,4 +28,5 @@ done
 wait
 for run in "$runs"/*; do echo "$(basename $run): $(tail -n 1 $out/$(basename $run).log)"; done
 python3 scripts/float8_parity.py report "$runs" --record "$out/${name}_parity.json" --plot "$out/${name}_parity.png" \
-  --note "bash scripts/float8_parity.sh OUT (STEPS=$steps MODEL=$model NAME=$name VARIANT=$variant) on $(nvidia-smi -L | head -1 | cut -d'(' -f1)"
+  --note "bash scripts/float8_parity.sh OUT (STEPS=$steps MODEL=$model NAME=$name VARIANT=$variant) on \
+$(nvidia-smi -L | head -1 | cut -d'(' -f1)"
