@@ -192,19 +192,23 @@ def float8_parity_table() -> str:
         f"{rec['torch']}, torchao {rec['torchao']}: {rec['command']}; {rec['note']}.")
 
 
+def quack_pairs() -> list:
+    """(record, case, its inductor row, its quack row) over the quack SwiGLU records, in order."""
+    return [(rec, case, i, q) for rec in map(load, QUACK_SWIGLU)
+            for case, (i, q) in _pairs(rec["rows"], "case", "impl", ("inductor", "quack")).items()]
+
+
 def quack_swiglu_table() -> str:
     """bench_train's step with each model.mlp_impl, one process each on one machine, a line per record."""
     lines = ["| case (370m/4096, compiled) | date | ms a step: inductor / quack | quack's gain | MFU | peak GiB | "
              "first step, s |", "|---|---|---:|---:|---:|---:|---:|"]
-    notes = []
-    for rec in map(load, QUACK_SWIGLU):
-        for case, (i, q) in _pairs(rec["rows"], "case", "impl", ("inductor", "quack")).items():
-            lines.append(f"| {case} | {rec['date']} | {i['ms']:.1f} / {q['ms']:.1f} | {1 - q['ms'] / i['ms']:.1%} | "
-                         f"{_pair(i, q, 'mfu', '.3f')} | {_pair(i, q, 'peak_mem_gib', '.1f')} | "
-                         f"{_pair(i, q, 'first_step_s', '.1f')} |")
-        cmds = "; ".join(f"`{r['command']}`" for r in rec["rows"])
-        notes.append(f"{rec['date']}: {short_device(rec['device'])}, torch {rec['torch']}, {rec['packages']}: {cmds}. "
-                     f"{rec['gpu_test']}; {rec['note']}.")
+    for rec, case, i, q in quack_pairs():
+        lines.append(f"| {case} | {rec['date']} | {i['ms']:.1f} / {q['ms']:.1f} | {1 - q['ms'] / i['ms']:.1%} | "
+                     f"{_pair(i, q, 'mfu', '.3f')} | {_pair(i, q, 'peak_mem_gib', '.1f')} | "
+                     f"{_pair(i, q, 'first_step_s', '.1f')} |")
+    notes = [f"{rec['date']}: {short_device(rec['device'])}, torch {rec['torch']}, {rec['packages']}: "
+             + "; ".join(f"`{r['command']}`" for r in rec["rows"]) + f". {rec['gpu_test']}; {rec['note']}."
+             for rec in map(load, QUACK_SWIGLU)]
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
 
 
@@ -450,9 +454,8 @@ def summary_table() -> str:
                  f"{gpu[2]['fla:gated_deltanet'] / gpu[0]['gated_deltanet+nope']:.2f}× their speed",
                  f"H200, {qkv['date']}", "docs/throughput/README.md"))
     qs = list(map(load, QUACK_SWIGLU))
-    gains = [(case, 1 - q["ms"] / i["ms"], q["peak_mem_gib"] - i["peak_mem_gib"]) for rec in qs
-             for case, (i, q) in _pairs(rec["rows"], "case", "impl", ("inductor", "quack")).items()]
-    firsts = [r["first_step_s"] for rec in qs for r in rec["rows"] if r["impl"] == "quack"]
+    gains = [(case, 1 - q["ms"] / i["ms"], q["peak_mem_gib"] - i["peak_mem_gib"]) for _, case, i, q in quack_pairs()]
+    firsts = [q["first_step_s"] for *_, q in quack_pairs()]
     rows.append(("SwiGLU in quack-kernels' GEMM epilogues (`model.mlp_impl=quack`, opt-in), 370m/4096, compiled",
                  ", ".join(f"{NAMES[c]} {g:.1%}" for c, g, _ in gains) + " faster a step, "
                  f"{'–'.join(dict.fromkeys(f'{m:.1f}' for m in sorted(m for *_, m in gains)))} GiB more memory; "
