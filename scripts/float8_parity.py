@@ -1,8 +1,8 @@
-"""Does float8 training (train.float8) follow bf16's loss? Two seeds of each, the same data, steps and learning rate;
-float8 passes where its validation losses stay within the spread that bf16 shows between its own seeds. Any other
-setting is compared the same way against the default runs (float8_parity.sh: NAME, VARIANT, MODEL; e.g. quack's
-SwiGLU at 370m: NAME=quack VARIANT=model.mlp_impl=quack MODEL=370m); its runs are `<NAME>-s<seed>`, the default's
-`bf16-s<seed>`.
+"""Does float8 training (train.float8) follow bf16's loss? Two seeds of each (or more: float8_parity.sh's SEEDS), the
+same data, steps and learning rate; float8 passes where its validation losses stay within the spread that bf16 shows
+between its own seeds. Any other setting is compared the same way against the default runs (float8_parity.sh: NAME,
+VARIANT, MODEL; e.g. quack's SwiGLU at 370m: NAME=quack VARIANT=model.mlp_impl=quack MODEL=370m); its runs are
+`<NAME>-s<seed>`, the default's `bf16-s<seed>`.
 
     python scripts/float8_parity.py corpus /tmp/f8/corpus.jsonl --mb 70     # this machine's Python sources as text
     python data/prepare.py data=text data.files=/tmp/f8/corpus.jsonl data.cache_dir=/tmp/f8/cache +data.bpe_docs=4000
@@ -16,7 +16,7 @@ tokens sees no window twice (the embedded prose corpus holds ~0.5M tokens). `pac
 data=longcrawl64's layout (train.bin / heldout.bin of 4,096-token documents, tokenizer.json, bos.txt), which needs
 neither `datasets` nor the hub: the GPU machines have neither. `report` reads run folders named `<recipe>-s<seed>`
 (each with train.py's metrics.jsonl) and compares, at every evaluation, each float8 run with the bf16 run of its seed
-(same initial weights, same batches) against the gap between the two bf16 seeds.
+(same initial weights, same batches) against the gap between the bf16 seeds (the largest less the smallest).
 """
 
 from __future__ import annotations
@@ -103,8 +103,14 @@ def compare(val: dict[str, dict[int, float]], base: str = "bf16") -> dict:
         spread = statistics.mean(row["bf16_spread"] for row in late)
         final = rows[-1]
         every = [d for row in late for d in row[r]["paired_diff"]]
+        # a seed's second half averaged: with more than two seeds, whether the sign holds seed after seed
+        per_seed = [statistics.mean(row[r]["paired_diff"][i] for row in late)
+                    for i in range(len(final[r]["paired_diff"]))]
         verdict[r] = {"mean_paired_diff_late": statistics.mean(diffs), "mean_bf16_spread_late": spread,
                       "positive_late": f"{sum(d > 0 for d in every)} of {len(every)}",
+                      "per_seed_late": per_seed,
+                      "se_late": statistics.stdev(per_seed) / len(per_seed) ** 0.5 if len(per_seed) > 1 else None,
+                      "worse_final": f"{sum(d > 0 for d in final[r]['paired_diff'])} of {len(final[r]['paired_diff'])}",
                       "final_paired_diff": statistics.mean(final[r]["paired_diff"]),
                       "final_bf16_spread": final["bf16_spread"],
                       "within_spread": abs(statistics.mean(diffs)) <= spread
@@ -117,11 +123,13 @@ def plot(val: dict[str, dict[int, float]], result: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    colours = {"bf16": "tab:blue", "tensorwise": "tab:orange", "rowwise": "tab:green"}
+    # a colour a recipe (bf16 first), a line style a seed
+    recipes = ["bf16", *result["verdict"]]
+    colours = dict(zip(recipes, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]))
+    styles = dict(zip(result["seeds"], ["-", "--", ":", "-."] * 4))
     for name, c in sorted(val.items()):
         recipe, seed = name.rsplit("-s", 1)
-        a.plot(sorted(c), [c[t] for t in sorted(c)], color=colours.get(recipe), label=name,
-               ls="-" if seed == result["seeds"][0] else "--")
+        a.plot(sorted(c), [c[t] for t in sorted(c)], color=colours.get(recipe), label=name, ls=styles[seed])
     a.set(xlabel="step", ylabel="validation loss", title="validation loss", ylim=(None, min(
         max(v.values()) for v in val.values())))
     a.legend()
@@ -131,7 +139,7 @@ def plot(val: dict[str, dict[int, float]], result: dict, path: str) -> None:
     for r in result["verdict"]:
         for i, seed in enumerate(result["seeds"]):
             b.plot(steps, [row[r]["paired_diff"][i] for row in result["rows"]], color=colours.get(r), marker=".",
-                   ls="-" if i == 0 else "--", label=f"{r} - bf16, seed {seed}")
+                   ls=styles[seed], label=f"{r} - bf16, seed {seed}")
     b.axhline(0, color="grey", lw=0.5)
     b.set(xlabel="step", ylabel="difference of validation loss", ylim=(-0.08, 0.08),
           title=f"{' and '.join(result['verdict'])} against bf16 of the same seed")
@@ -167,7 +175,8 @@ def main(argv=None) -> None:
         print(f"{name}: paired difference from bf16 {v['mean_paired_diff_late']:+.4f} (second half, mean), "
               f"{v['final_paired_diff']:+.4f} (final); bf16 seeds' gap {v['mean_bf16_spread_late']:.4f} / "
               f"{v['final_bf16_spread']:.4f}: {'within' if v['within_spread'] else 'OUTSIDE'} bf16's spread; "
-              f"{v['positive_late']} paired differences of the second half > 0")
+              f"{v['positive_late']} paired differences of the second half > 0; {v['worse_final']} seeds above bf16 "
+              f"at the end")
     if a.record:
         Path(a.record).write_text(json.dumps({"note": a.note, "curves": val, **result}, indent=1) + "\n")
     if a.plot:

@@ -48,6 +48,8 @@ def test_paired_differences_against_bf16s_seed_gap(tmp_path):
     assert v["mean_bf16_spread_late"] == pytest.approx(0.015)   # steps 300, 400: gaps 0.02, 0.01
     assert v["mean_paired_diff_late"] == pytest.approx(0.0375)  # ((0.05 + 0.04) / 2 + (0.03 + 0.03) / 2) / 2
     assert v["positive_late"] == "4 of 4" and v["within_spread"] is False
+    assert v["per_seed_late"] == pytest.approx([0.04, 0.035]) and v["se_late"] == pytest.approx(0.0025)
+    assert v["worse_final"] == "2 of 2"
     close = compare({"bf16-s0": {1: 3.0, 2: 2.0}, "bf16-s1": {1: 3.1, 2: 2.1},
                      "tensorwise-s0": {1: 3.05, 2: 2.0}, "tensorwise-s1": {1: 3.1, 2: 2.08}})
     assert close["verdict"]["tensorwise"]["within_spread"] is True
@@ -57,3 +59,15 @@ def test_report_needs_two_bf16_seeds(tmp_path):
     _runs(tmp_path, {"bf16-s0": [3.0], "tensorwise-s0": [3.1], "tensorwise-s1": [3.2]})
     with pytest.raises(SystemExit, match="bf16-s<seed> for at least two seeds"):
         main(["report", str(tmp_path)])
+
+
+def test_more_seeds_any_setting_and_its_plot(tmp_path):
+    # three seeds of a setting the plot has no colour for in advance (quack's SwiGLU): a colour a recipe, a style a seed
+    _runs(tmp_path, {"bf16-s0": [4.0, 3.00], "bf16-s1": [4.1, 3.10], "bf16-s2": [4.2, 3.05],
+                     "quack-s0": [4.0, 3.02], "quack-s1": [4.1, 3.09], "quack-s2": [4.3, 3.08]})
+    main(["report", str(tmp_path), "--record", str(tmp_path / "r.json"), "--plot", str(tmp_path / "p.png")])
+    r = json.loads((tmp_path / "r.json").read_text())
+    v = r["verdict"]["quack"]
+    assert r["seeds"] == ["0", "1", "2"] and r["rows"][-1]["bf16_spread"] == pytest.approx(0.10)
+    assert v["per_seed_late"] == pytest.approx([0.02, -0.01, 0.03]) and v["worse_final"] == "2 of 3"
+    assert v["within_spread"] is True and (tmp_path / "p.png").stat().st_size > 10_000
