@@ -50,6 +50,9 @@ LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = [DOCS / f"throughput/quack_swiglu_h200_{d}.json" for d in ("2026-11-27", "2026-11-28")]
 GLA_QKV = DOCS / "throughput/gla_qkv_h200_2026-11-28.json"
 QKV_OTHERS = DOCS / "throughput/qkv_split_h200_2026-11-28.json"  # RetNet, Mamba2, gated Oja, linear attention
+GLA_LEVERS = DOCS / "throughput/gla_levers_h200_2026-11-28.json"  # quack's input cast in the graph; FLA as custom ops
+QUACK_PARITY = DOCS / "throughput/quack_parity_370m_2xh200_2026-11-28.json"
+MLP_NUMERICS = DOCS / "throughput/mlp_numerics_h200_2026-11-28.json"
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
 FLOAT8_PARITY = DOCS / "throughput/float8_parity_1_3b_2xh200_2026-11-27.json"
 LM_EVAL_BENCH = [DOCS / f"eval/lm_eval_bench_{n}.json" for n in ("h200_2026-11-26", "h100_2026-11-27",
@@ -171,25 +174,47 @@ def float8_table() -> str:
                                f"{rec['packages']}, at {rec['code']}: `{rec['command']}`; {rec['note']}.")
 
 
-def float8_parity_table() -> str:
-    """scripts/float8_parity.py's record: validation losses every 200 steps, bf16's seed gap, float8's paired gap."""
-    rec = load(FLOAT8_PARITY)
+def parity_table(path: Path, base: str = "bf16") -> str:
+    """scripts/float8_parity.py's record: validation losses every 200 steps, the default runs' seed gap (named `base`
+    here: bf16 for float8, inductor for quack), the other setting's paired gap, a seed's second half and its end."""
+    rec = load(path)
     (recipe, v), = rec["verdict"].items()
-    seeds = rec["seeds"]
-    lines = [f"| step | bf16, seeds {' / '.join(seeds)} | bf16's gap | {recipe}, seeds {' / '.join(seeds)} | "
-             f"{recipe} − bf16, same seed |", "|---:|---:|---:|---:|---:|"]
+    seeds = " / ".join(rec["seeds"])
+    lines = [f"| step | {base}, seeds {seeds} | {base}'s gap | {recipe}, seeds {seeds} | "
+             f"{recipe} − {base}, same seed |", "|---:|---:|---:|---:|---:|"]
     for row in rec["rows"]:
         if row["step"] % 200 == 0 or row["step"] == rec["rows"][-1]["step"]:
             r = row[recipe]
             lines.append(f"| {row['step']:,} | {' / '.join(f'{x:.4f}' for x in row['bf16'])} | "
                          f"{row['bf16_spread']:.4f} | {' / '.join(f'{x:.4f}' for x in r['loss'])} | "
                          f"{' / '.join(f'{x:+.4f}' for x in r['paired_diff'])} |")
+    per_seed = (f" A seed's second half on average: {' / '.join(f'{x:+.4f}' for x in v['per_seed_late'])}; "
+                f"{v['worse_final']} seeds above {base} at the end." if "per_seed_late" in v else "")
+    speed = (f" {recipe.capitalize()} runs {rec['float8_speedup']:.2f}× {base}'s tokens/s here."
+             if "float8_speedup" in rec else "")
+    software = f"torchao {rec['torchao']}" if "torchao" in rec else rec["packages"]
     return "\n".join(lines) + (
-        f"\n\nSecond half (steps {rec['rows'][len(rec['rows']) // 2]['step']:,}–{rec['steps'][-1]:,}): {recipe} − bf16 "
-        f"{v['mean_paired_diff_late']:+.4f} on average, {v['positive_late']} paired differences above 0; bf16's seed "
-        f"gap {v['mean_bf16_spread_late']:.4f} on average. {recipe.capitalize()} runs "
-        f"{rec['float8_speedup']:.2f}× bf16's tokens/s here. {short_device(rec['device'])}, {rec['date']}, torch "
-        f"{rec['torch']}, torchao {rec['torchao']}: {rec['command']}; {rec['note']}.")
+        f"\n\nSecond half (steps {rec['rows'][len(rec['rows']) // 2]['step']:,}–{rec['steps'][-1]:,}): {recipe} − "
+        f"{base} {v['mean_paired_diff_late']:+.4f} on average, {v['positive_late']} paired differences above 0; "
+        f"{base}'s seed gap {v['mean_bf16_spread_late']:.4f} on average.{per_seed}{speed} "
+        f"{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, {software}: {rec['command']}; "
+        f"{rec['note']}.")
+
+
+def mlp_numerics_table() -> str:
+    """scripts/mlp_numerics.py's record: each SwiGLU impl's distance from float64, output and gradients."""
+    rec = load(MLP_NUMERICS)
+    lines = ["| tokens | impl | rel. error: y / dx / dW13 / dW2 | bias along the reference: y / dx / dW13 / dW2 | "
+             "two calls differ by |", "|---|---|---:|---:|---:|"]
+    for shape, impls in rec["result"].items():
+        for impl, r in impls.items():
+            rel = " / ".join(f"{v['rel']:.4f}" for v in r.values())
+            bias = " / ".join(f"{v['bias']:+.1e}" for v in r.values())
+            repeat = [v["repeat"] for v in r.values()]
+            lines.append(f"| {shape} | {impl} | {rel} | {bias} | "
+                         f"{'not measured' if None in repeat else f'{max(repeat):g}'} |")
+    return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, torch {rec['torch']}, "
+                               f"{rec['packages']}, at {rec['code']}: `{rec['command']}`; {rec['note']}.")
 
 
 def quack_pairs() -> list:
@@ -212,9 +237,9 @@ def quack_swiglu_table() -> str:
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes)
 
 
-def qkv_table(path: Path) -> str:
-    """A mixer's q, k and v from one matmul or from three (and FLA's models, where run), each run's call and GPU
-    beside it."""
+def runs_table(path: Path) -> str:
+    """bench_train runs of a few ways to do one step (a mixer's q, k and v from one matmul or from three, FLA's models
+    where run, a lever tried), each run's call and GPU beside it."""
     rec = load(path)
     lines = ["| call | GPU | way | case (370m/4096) | compiled | ms a step | tokens/s | MFU | peak GiB |",
              "|---|---:|---|---|---|---:|---:|---:|---:|"]
@@ -456,10 +481,13 @@ def summary_table() -> str:
     qs = list(map(load, QUACK_SWIGLU))
     gains = [(case, 1 - q["ms"] / i["ms"], q["peak_mem_gib"] - i["peak_mem_gib"]) for _, case, i, q in quack_pairs()]
     firsts = [q["first_step_s"] for *_, q in quack_pairs()]
+    v = load(QUACK_PARITY)["verdict"]["quack"]
     rows.append(("SwiGLU in quack-kernels' GEMM epilogues (`model.mlp_impl=quack`, opt-in), 370m/4096, compiled",
                  ", ".join(f"{NAMES[c]} {g:.1%}" for c, g, _ in gains) + " faster a step, "
                  f"{'–'.join(dict.fromkeys(f'{m:.1f}' for m in sorted(m for *_, m in gains)))} GiB more memory; "
-                 f"a first step of {min(firsts):.0f}–{max(firsts):.0f} s once a machine (its GEMMs compiled)",
+                 f"a first step of {min(firsts):.0f}–{max(firsts):.0f} s once a machine (its GEMMs compiled); "
+                 f"validation loss after 2,000 steps {v['final_paired_diff']:+.3f} against Inductor's "
+                 f"({v['worse_final']} seeds higher, inside the seeds' spread of {v['final_bf16_spread']:.2f})",
                  f"H200, {qs[0]['date']}/{qs[-1]['date'][-2:]}", "docs/throughput/README.md"))
     lk = load(LOSS_KERNEL)
     ways = {r["way"]: r for r in lk["loss"][0]["rows"]}
@@ -603,9 +631,11 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "first_step_blocks": lambda: first_step_table(FIRST_STEP_BLOCKS),
           "first_step_h200_blocks": lambda: first_step_table(FIRST_STEP_H200_BLOCKS),
           "first_step_h200_fresh": lambda: first_step_table(FIRST_STEP_H200_FRESH), "loss_kernel": loss_kernel_table,
-          "quack_swiglu": quack_swiglu_table, "gla_qkv": lambda: qkv_table(GLA_QKV),
-          "qkv_others": lambda: qkv_table(QKV_OTHERS), "float8": float8_table,
-          "float8_parity": float8_parity_table,
+          "quack_swiglu": quack_swiglu_table, "gla_qkv": lambda: runs_table(GLA_QKV),
+          "qkv_others": lambda: runs_table(QKV_OTHERS),
+          "gla_levers": lambda: runs_table(GLA_LEVERS), "float8": float8_table,
+          "float8_parity": lambda: parity_table(FLOAT8_PARITY),
+          "quack_parity": lambda: parity_table(QUACK_PARITY, "inductor"), "mlp_numerics": mlp_numerics_table,
           "lm_eval_bench": lm_eval_bench_table,
           "longest": longest_table,
           "multi_gpu": multi_gpu_table, "official_ab": official_ab_table,
