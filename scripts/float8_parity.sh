@@ -19,9 +19,12 @@ data="data=longcrawl64 data.root=$root data.doc_len=4096 data.tokenizer=$root/to
 ngpu=$(nvidia-smi -L | wc -l) i=0
 for run in $(for s in $seeds; do echo bf16-s$s $name-s$s; done); do
   r=${run%-s*} s=${run##*-s} i=$((i + 1))
+  # the runs dealt round the GPUs, one GPU further on each round: with more runs than GPUs each GPU runs defaults and
+  # variants alike, so nothing of one GPU can pass for the setting's effect
+  gpu=$(((i - 1 + (i - 1) / ngpu) % ngpu))
   grep -qs "\"step\": $steps, \"val_loss\"" $runs/$run/metrics.jsonl && continue  # finished
   # shellcheck disable=SC2086  # $variant: one or more overrides
-  CUDA_VISIBLE_DEVICES=$(((i - 1) % ngpu)) python3 train.py model=$model $data seed=$s out_dir=$runs/$run \
+  CUDA_VISIBLE_DEVICES=$gpu python3 train.py model=$model $data seed=$s out_dir=$runs/$run \
     $([ "$r" = bf16 ] || echo "$variant") train.steps=$steps train.global_batch_tokens=8192 \
     train.micro_batch=2 train.activation_checkpointing=none optim.lr=3e-4 train.eval_interval=100 \
     train.eval_tokens=131072 train.log_interval=20 train.ckpt_interval=100000 train.sample_tokens=0 \

@@ -1,6 +1,9 @@
 """scripts/float8_parity.py: the corpus, its packing as LongCrawl64-style arrays, and the paired comparison."""
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,3 +74,29 @@ def test_more_seeds_any_setting_and_its_plot(tmp_path):
     assert r["seeds"] == ["0", "1", "2"] and r["rows"][-1]["bf16_spread"] == pytest.approx(0.10)
     assert v["per_seed_late"] == pytest.approx([0.02, -0.01, 0.03]) and v["worse_final"] == "2 of 3"
     assert v["within_spread"] is True and (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_sh_deals_every_gpu_defaults_and_variants(tmp_path):
+    """float8_parity.sh with stand-ins for nvidia-smi (2 GPUs) and python3 (records each launch): SEEDS runs each
+    seed's pair, the variant's overrides only on its runs, and every GPU runs both kinds."""
+    root = Path(__file__).resolve().parents[1]
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: X"; echo "GPU 1: X"\n')
+    (bin_ / "python3").write_text(f'#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES $*" >> {tmp_path}/calls\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    (tmp_path / "bos.txt").write_text("1")
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SEEDS": "2 3", "NAME": "quack",
+           "VARIANT": "model.mlp_impl=quack", "MODEL": "370m", "RUNS": str(tmp_path / "runs")}
+    subprocess.run(["bash", str(root / "scripts/float8_parity.sh"), str(tmp_path / "out"), str(tmp_path)], env=env,
+                   cwd=root, check=True, capture_output=True)
+    runs = {}
+    for line in (tmp_path / "calls").read_text().splitlines():
+        if " train.py " in line:
+            gpu, args = line.split(" ", 1)
+            name = args.split("out_dir=")[1].split()[0].rsplit("/", 1)[1]
+            runs[name] = gpu
+            assert ("model.mlp_impl=quack" in args) == name.startswith("quack") and "model=370m" in args
+            assert f"seed={name[-1]}" in args
+    assert runs == {"bf16-s2": "0", "quack-s2": "1", "bf16-s3": "1", "quack-s3": "0"}
