@@ -17,10 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo's parent: `import duality` from a checkout
-
-from duality.model.core.layers import MLP_IMPLS, quack_available  # noqa: E402
-from duality.model.gpt import SwiGLU  # noqa: E402
+from duality.model.core.layers import MLP_IMPLS, quack_available
+from duality.model.gpt import SwiGLU
 
 NAMES = ("y", "dx", "dW13", "dW2")
 

@@ -479,8 +479,9 @@ def summary_table() -> str:
                  f"{gpu[2]['fla:gated_deltanet'] / gpu[0]['gated_deltanet+nope']:.2f}× their speed",
                  f"H200, {qkv['date']}", "docs/throughput/README.md"))
     qs = list(map(load, QUACK_SWIGLU))
-    gains = [(case, 1 - q["ms"] / i["ms"], q["peak_mem_gib"] - i["peak_mem_gib"]) for _, case, i, q in quack_pairs()]
-    firsts = [q["first_step_s"] for *_, q in quack_pairs()]
+    pairs = quack_pairs()
+    gains = [(case, 1 - q["ms"] / i["ms"], q["peak_mem_gib"] - i["peak_mem_gib"]) for _, case, i, q in pairs]
+    firsts = [q["first_step_s"] for *_, q in pairs]
     v = load(QUACK_PARITY)["verdict"]["quack"]
     rows.append(("SwiGLU in quack-kernels' GEMM epilogues (`model.mlp_impl=quack`, opt-in), 370m/4096, compiled",
                  ", ".join(f"{NAMES[c]} {g:.1%}" for c, g, _ in gains) + " faster a step, "
