@@ -52,6 +52,22 @@ def gated_chunked(q, k, v, g, scale, S0=None, chunk: int = 16):
     return torch.cat(out, 1), S
 
 
+def gla_bwd_dv_reference(k, g, A, do, dh, chunk_size: int):
+    """The value gradient of FLA's chunked GLA backward (gla_dv.py), per chunk c of C rows: tril(A_c)^T do_c +
+    (k_c * 2^(G_last - G_c)) dh_c, with g the chunk-local cumulative log2 gate, A [B, T, H, C] the forward's
+    intra-chunk scores and dh [B, NT, H, K, V] the gradients of the states at the chunks' ends; float64."""
+    k, g, A, do, dh = (x.double() for x in (k, g, A, do, dh))
+    T, C = k.shape[1], chunk_size
+    out = []
+    for c, s in enumerate(range(0, T, C)):
+        n = min(C, T - s)
+        a = A[:, s:s + n, :, :n] * torch.ones(n, n, dtype=torch.bool, device=A.device).tril()[None, :, None]
+        decay = torch.exp2(g[:, s + n - 1:s + n] - g[:, s:s + n])
+        out.append(torch.einsum("bthi,bthv->bihv", a, do[:, s:s + n])
+                   + torch.einsum("bihk,bhkv->bihv", k[:, s:s + n] * decay, dh[:, c]))
+    return torch.cat(out, 1)
+
+
 # --------------------------------------------------------------------------------------------------- delta rule
 def delta_rule_recurrent(q, k, v, beta, scale, g=None, S0=None):
     """g: [B, T, H] log decay (None for DeltaNet); beta: [B, T, H]."""

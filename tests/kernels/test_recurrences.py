@@ -2,6 +2,9 @@
 initial state, at lengths below, at and across the chunk of 16), and the dispatch convention (impl=None|"torch"|"fla").
 FLA's kernels against these references: tests/test_gpu.py."""
 
+import math
+import os
+
 import pytest
 import torch
 from conftest import qkv
@@ -16,6 +19,10 @@ from duality.kernels.recurrences import (
     oja,
     oja_recurrent,
 )
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                            reason="needs a GPU or TRITON_INTERPRET=1")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("T", [1, 16, 37])
@@ -60,3 +67,88 @@ def test_dispatch_convention():
             fn(*args, impl="fla")
         with pytest.raises(ValueError, match=r"impl must be None, 'torch' or 'fla', got 'triton'"):
             fn(*args, impl="triton")
+
+
+# ----------------------------------------------------------------- GLA backward's value gradient (gla_dv.py)
+def _local_log2_cumsum(g, C):
+    """FLA's G: the gate's cumulative sum within each chunk of C tokens, in log2."""
+    return torch.cat([g[:, s:s + C].cumsum(1) for s in range(0, g.shape[1], C)], 1) / math.log(2)
+
+
+@pytest.mark.parametrize("T", [16, 37])
+def test_gla_bwd_dv_reference_is_the_value_gradient(T):
+    """The chunked formula of dv (FLA's A and state gradients dh, built here from the recurrence's definitions)
+    equals the gradient of the chunked GLA in float64, with chunks of 16 (T = 37: a last chunk of 5)."""
+    from duality.kernels.recurrences.reference import gla_bwd_dv_reference
+    torch.manual_seed(0)
+    B, H, K, V, C, scale = 2, 3, 4, 5, 16, 0.3
+    q, k, v = (torch.randn(B, T, H, d, dtype=torch.float64) for d in (K, K, V))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, dtype=torch.float64))
+    do = torch.randn(B, T, H, V, dtype=torch.float64)
+    v.requires_grad_()
+    want = torch.autograd.grad((gated_chunked(q, k, v, g, scale)[0] * do).sum(), v)[0]
+    G = _local_log2_cumsum(g, C)
+    A = torch.zeros(B, T, H, C, dtype=torch.float64)
+    dh = []
+    total = g.cumsum(1)  # natural log, over the whole sequence
+    for s in range(0, T, C):
+        n = min(C, T - s)
+        diff = (G[:, s:s + n, None] - G[:, None, s:s + n]).masked_fill(
+            ~torch.ones(n, n, dtype=torch.bool).tril()[None, :, :, None, None], float("-inf"))
+        A[:, s:s + n, :, :n] = scale * torch.einsum("bthk,bihk,btihk->bthi", q[:, s:s + n], k[:, s:s + n],
+                                                    torch.exp2(diff))
+        e = s + n - 1  # the chunk's last token: its state reaches every later token t through exp(sum of g)
+        qd = scale * q[:, e + 1:] * torch.exp(total[:, e + 1:] - total[:, e:e + 1])
+        dh.append(torch.einsum("bthk,bthv->bhkv", qd, do[:, e + 1:]))
+    got = gla_bwd_dv_reference(k, G, A, do, torch.stack(dh, 1), C)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def _dv_inputs(B, T, H, K, V, C, NT, seed):
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(B, T, H, K, generator=gen).bfloat16()
+    g = _local_log2_cumsum(-torch.rand(B, T, H, K, generator=gen) * 0.2, C)  # 2^(G_last - G) from 1 to ~1e-3
+    A = torch.randn(B, T, H, C, generator=gen)
+    do = torch.randn(B, T, H, V, generator=gen)
+    dh = torch.randn(B, NT, H, K, V, generator=gen)
+    return k, g, A, do, dh
+
+
+@interp
+@pytest.mark.parametrize("T,K,V,C", [(100, 32, 64, 64), (37, 20, 24, 16), (64, 16, 80, 32)])
+def test_gla_bwd_dv_kernel_matches_the_reference(T, K, V, C):
+    """gla_dv.py's kernel (Triton's interpreter on a CPU) against the formula in float64, at awkward lengths and head
+    sizes: the intra-chunk term alone (dh = 0) to fp32 accuracy, then both terms to the bf16 accuracy of the second
+    (FLA's rounding: k 2^(G_last - G) and dh multiplied in bf16)."""
+    from duality.kernels.recurrences.gla_dv import gla_bwd_dv
+    from duality.kernels.recurrences.reference import gla_bwd_dv_reference
+    NT = -(-T // C)
+    k, g, A, do, dh = _dv_inputs(2, T, 3, K, V, C, NT, seed=T)
+    for dh_ in (torch.zeros_like(dh), dh):
+        got = gla_bwd_dv(k.to(DEV), g.to(DEV), A.to(DEV), do.to(DEV), dh_.to(DEV), chunk_size=C).cpu().double()
+        want = gla_bwd_dv_reference(k, g, A, do, dh_, C)
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < (1e-5 if dh_ is not dh else 1e-2), err
+
+
+@interp
+def test_gla_bwd_dv_kernel_over_packed_documents():
+    """Packed documents (B = 1, cu_seqlens, FLA's chunk_indices): each document's rows equal the formula on that
+    document alone, with its own chunks' state gradients."""
+    from duality.kernels.recurrences.gla_dv import gla_bwd_dv
+    from duality.kernels.recurrences.reference import gla_bwd_dv_reference
+    C, bounds = 16, [0, 37, 53, 100]
+    docs = [(s, e, -(-(e - s) // C)) for s, e in zip(bounds[:-1], bounds[1:])]
+    chunks = torch.tensor([[n, t] for n, (_, _, nt) in enumerate(docs) for t in range(nt)])
+    k, _, A, do, dh = _dv_inputs(1, bounds[-1], 2, 8, 12, C, len(chunks), seed=5)
+    g = torch.cat([_local_log2_cumsum(-torch.rand(1, e - s, 2, 8) * 0.2, C) for s, e, _ in docs], 1)
+    with pytest.raises(ValueError, match="need chunk_indices"):
+        gla_bwd_dv(k, g, A, do, dh, cu_seqlens=torch.tensor(bounds), chunk_size=C)
+    got = gla_bwd_dv(*(x.to(DEV) for x in (k, g, A, do, dh)), cu_seqlens=torch.tensor(bounds, device=DEV),
+                     chunk_size=C, chunk_indices=chunks.to(DEV)).cpu().double()
+    first = 0
+    for s, e, nt in docs:
+        want = gla_bwd_dv_reference(k[:, s:e], g[:, s:e], A[:, s:e], do[:, s:e], dh[:, first:first + nt], C)
+        first += nt
+        err = ((got[:, s:e] - want).norm() / want.norm()).item()
+        assert err < 1e-2, (s, e, err)
