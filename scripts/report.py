@@ -51,6 +51,7 @@ QUACK_SWIGLU = [DOCS / f"throughput/quack_swiglu_h200_{d}.json" for d in ("2026-
 GLA_QKV = DOCS / "throughput/gla_qkv_h200_2026-11-28.json"
 QKV_OTHERS = DOCS / "throughput/qkv_split_h200_2026-11-28.json"  # RetNet, Mamba2, gated Oja, linear attention
 GLA_LEVERS = DOCS / "throughput/gla_levers_h200_2026-11-28.json"  # quack's input cast in the graph; FLA as custom ops
+GLA_DV = DOCS / "throughput/gla_dv_h200_2026-11-28.json"  # GLA backward's value gradient on tensor cores
 QUACK_PARITY = DOCS / "throughput/quack_parity_370m_2xh200_2026-11-28.json"
 MLP_NUMERICS = DOCS / "throughput/mlp_numerics_h200_2026-11-28.json"
 FLOAT8 = DOCS / "throughput/float8_1_3b_h200_2026-11-27.json"
@@ -478,6 +479,17 @@ def summary_table() -> str:
                  f"GLA {gpu[2]['fla:gla'] / gpu[2]['gla+nope']:.2f}×, Gated DeltaNet "
                  f"{gpu[2]['fla:gated_deltanet'] / gpu[0]['gated_deltanet+nope']:.2f}× their speed",
                  f"H200, {qkv['date']}", "docs/throughput/README.md"))
+    dv = load(GLA_DV)  # call F: FLA's own chunk_gla and the repo's value gradient, alternating on one GPU
+    ms = {True: [], False: []}  # FLA's kernel or not: each run's step
+    for run in (r for r in dv["runs"] if r["call"].startswith("F")):
+        ms[run["label"].startswith("DUALITY_GLA_DV=fla")] += [r["ms"] for r in run["rows"]]
+    fla_ms, ours_ms = sum(ms[True]) / len(ms[True]), sum(ms[False]) / len(ms[False])
+    rows.append(("GLA backward's value gradient on tensor cores (`kernels/recurrences/gla_dv.py`, the default), "
+                 "370m/4096",
+                 f"{fla_ms - ours_ms:.1f} ms ({1 - ours_ms / fla_ms:.1%}) off GLA's compiled step ({ours_ms:.1f} "
+                 f"against {fla_ms:.1f} ms with FLA's own kernel), the same memory: "
+                 f"{gpu[2]['fla:gla'] / ours_ms:.2f}× FLA's `GLAForCausalLM` (measured in an earlier call)",
+                 f"H200, {dv['date']}", "docs/throughput/README.md"))
     qs = list(map(load, QUACK_SWIGLU))
     pairs = quack_pairs()
     gains = [(case, 1 - q["ms"] / i["ms"], q["peak_mem_gib"] - i["peak_mem_gib"]) for _, case, i, q in pairs]
@@ -634,7 +646,7 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "first_step_h200_fresh": lambda: first_step_table(FIRST_STEP_H200_FRESH), "loss_kernel": loss_kernel_table,
           "quack_swiglu": quack_swiglu_table, "gla_qkv": lambda: runs_table(GLA_QKV),
           "qkv_others": lambda: runs_table(QKV_OTHERS),
-          "gla_levers": lambda: runs_table(GLA_LEVERS), "float8": float8_table,
+          "gla_levers": lambda: runs_table(GLA_LEVERS), "gla_dv": lambda: runs_table(GLA_DV), "float8": float8_table,
           "float8_parity": lambda: parity_table(FLOAT8_PARITY),
           "quack_parity": lambda: parity_table(QUACK_PARITY, "inductor"), "mlp_numerics": mlp_numerics_table,
           "lm_eval_bench": lm_eval_bench_table,

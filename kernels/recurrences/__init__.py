@@ -19,8 +19,10 @@ choose) and take packed documents (B = 1, boundaries cu_seqlens [N + 1]): docume
 without S0) and its final state is row i of [N, H, K, V]; FLA's varlen kernels on CUDA, the reference per document
 elsewhere.
 
-    reference.py   the recurrent and chunked forms, from the equations
+    reference.py   the recurrent and chunked forms, from the equations (and the value gradient of FLA's chunked
+                   GLA backward)
     fla.py         flash-linear-attention's chunked kernels
+    gla_dv.py      that value gradient on tensor cores, in place of FLA's kernel for it (DUALITY_GLA_DV=fla: FLA's)
     cp.py          context parallelism: the gated recurrence, the delta rule and the Oja rule over a sequence split
                    across ranks
                    (the state handed over in one all_gather; packed documents too; train.context_parallel)
