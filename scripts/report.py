@@ -46,6 +46,7 @@ SWEEP_S2 = DOCS / "multi_gpu/sweep_s2_2026-11-27.json"
 SCALE_4B = DOCS / "multi_gpu/scale_4xh200_2026-11-27b.json"  # the same kind of machine, later: GLA, GDN, the sweep
 SCALE_4C = DOCS / "multi_gpu/scale_4xh200_2026-11-28.json"  # GLA and GDN on 1, 2, 4 GPUs, the 1.3B GLA on 2
 SCALE_1D = DOCS / "multi_gpu/scale_1xh200_2026-11-28.json"  # the 1.3B GLA on 1 GPU, tuned shapes, another machine
+SCALE_4E = DOCS / "multi_gpu/scale_4xh200_2026-11-28b.json"  # the 1.3B GLA on 1, 2 and 4 GPUs of one machine
 LOSS_KERNEL = DOCS / "throughput/loss_kernel_h100_2026-11-27.json"
 QUACK_SWIGLU = [DOCS / f"throughput/quack_swiglu_h200_{d}.json" for d in ("2026-11-27", "2026-11-28")]
 GLA_QKV = DOCS / "throughput/gla_qkv_h200_2026-11-28.json"
@@ -601,6 +602,12 @@ def summary_table() -> str:
                  f"{eff['370m_gated_deltanet_ddp']} / {eff['370m_gated_deltanet_fsdp']} of linear scaling (FSDP2 at "
                  f"{of_ddp['gla']} / {of_ddp['gated_deltanet']} of DDP's tokens/s)",
                  f"{short_device(sc_rec['device'])}, {sc_rec['date']}", "docs/multi_gpu/README.md"))
+    se_rec = load(SCALE_4E)
+    se = se_rec["throughput"]["1_3b_gla_fsdp"]
+    rows.append(("1 → 2 → 4 GPUs at a fixed batch a GPU, 1.3B GLA (FSDP2, full activation checkpointing)",
+                 f"{se['4']['tokens_per_s']:,.0f} tokens/s on 4 GPUs, "
+                 f"{se['4']['tokens_per_s'] / se['1']['tokens_per_s']:.2f}× one; {se['2']['efficiency']:.0%} / {se['4']['efficiency']:.0%} of linear scaling on 2 / 4",
+                 f"{short_device(se_rec['device'])}, {se_rec['date']}", "docs/multi_gpu/README.md"))
     sb_rec = load(SCALE_4B)
     walls = {s["gpus"]: s["wall_s"] for s in sb_rec["sweep"]}
     rows.append(("Seed 004's S2 sweep (6 jobs, one epoch each) dealt over 4 GPUs against 1 (`hydra/launcher=gpus`)",
@@ -660,7 +667,7 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "fsdp2_prefetch_4xh200": lambda: fsdp2_calls_table(FSDP2_PREFETCH),
           "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table,
           "scale_4xh200_b": lambda: scale_table(SCALE_4B), "scale_4xh200_c": lambda: scale_table(SCALE_4C),
-          "scale_1xh200_d": lambda: scale_table(SCALE_1D)}
+          "scale_1xh200_d": lambda: scale_table(SCALE_1D), "scale_4xh200_e": lambda: scale_table(SCALE_4E)}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 
