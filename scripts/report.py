@@ -606,7 +606,8 @@ def summary_table() -> str:
     se = se_rec["throughput"]["1_3b_gla_fsdp"]
     rows.append(("1 → 2 → 4 GPUs at a fixed batch a GPU, 1.3B GLA (FSDP2, full activation checkpointing)",
                  f"{se['4']['tokens_per_s']:,.0f} tokens/s on 4 GPUs, "
-                 f"{se['4']['tokens_per_s'] / se['1']['tokens_per_s']:.2f}× one; {se['2']['efficiency']:.0%} / {se['4']['efficiency']:.0%} of linear scaling on 2 / 4",
+                 f"{se['4']['tokens_per_s'] / se['1']['tokens_per_s']:.2f}× one; {se['2']['efficiency']:.0%} / "
+                 f"{se['4']['efficiency']:.0%} of linear scaling on 2 / 4",
                  f"{short_device(se_rec['device'])}, {se_rec['date']}", "docs/multi_gpu/README.md"))
     sb_rec = load(SCALE_4B)
     walls = {s["gpus"]: s["wall_s"] for s in sb_rec["sweep"]}
