@@ -18,6 +18,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernel tests put their tensors
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                            reason="needs a GPU or TRITON_INTERPRET=1")  # a Triton kernel: the GPU or the interpreter
 
 
 def compose(overrides=(), config_name="config"):

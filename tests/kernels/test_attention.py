@@ -5,18 +5,14 @@ against the float64 reference, forward and every gradient, at lengths that are n
 across document boundaries."""
 
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import qkv
+from conftest import DEV, interp, qkv
 
 from duality.kernels.attention import INTERPRETER_CONFIG, decayed_attention, decayed_attention_reference
 
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                            reason="needs a GPU or TRITON_INTERPRET=1")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 VARIANTS = {  # name: (power, gate, alibi)
     "softmax": (None, False, False), "fox": (None, True, False), "alibi": (None, False, True),
     "sympow2": (2, False, False), "sympow2_gated": (2, True, False), "sympow4_gated": (4, True, False),

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import interp
 
 import duality.kernels.linear_ce.chunked as lce
 import duality.kernels.linear_ce.kernel as lck
@@ -122,10 +123,6 @@ def test_shape_errors():
         linear_cross_entropy(h, w[:, :5], y)
     with pytest.raises(ValueError, match=r"impl must be one of \['auto', 'triton', 'chunked', 'torch'\]"):
         linear_cross_entropy(h, w, y, impl="fused")
-
-
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                            reason="needs a GPU or TRITON_INTERPRET=1")
 
 
 @interp

@@ -3,11 +3,10 @@ initial state, at lengths below, at and across the chunk of 16), and the dispatc
 FLA's kernels against these references: tests/test_gpu.py."""
 
 import math
-import os
 
 import pytest
 import torch
-from conftest import qkv
+from conftest import DEV, interp, qkv
 
 from duality.kernels.recurrences import (
     delta_rule,
@@ -19,10 +18,6 @@ from duality.kernels.recurrences import (
     oja,
     oja_recurrent,
 )
-
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                            reason="needs a GPU or TRITON_INTERPRET=1")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("T", [1, 16, 37])

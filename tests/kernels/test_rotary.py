@@ -9,16 +9,13 @@ import os
 
 import pytest
 import torch
+from conftest import DEV, interp
 
 from duality.kernels.rotary import cumulative_rotation, cumulative_rotation_reference, rope_frequencies, rotate
 from duality.kernels.rotary.kernel import _block_t
 from duality.model import Cache, ConfigError, build_model
 from duality.model.core import Context
 from duality.model.pe.selective_rope import temperatures
-
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                            reason="needs a GPU or TRITON_INTERPRET=1")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def direct(q, k, dphi, theta, phi0=None):
