@@ -62,14 +62,14 @@ def fla_like_kernels():
 
     class KeepsX(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, w, module, c, name, channels):
+        def forward(ctx, x, w, module, c, name):
             ctx.save_for_backward(x, w)
-            return conv(module, x, c, name, channels)
+            return conv(module, x, c, name)
 
     @torch._dynamo.disable
-    def conv_keeping_x(self, x, ctx=layers.TRAINING, name="conv", channels=None):
+    def conv_keeping_x(self, x, ctx=layers.TRAINING, name="conv"):
         calls["conv"] += 1
-        return KeepsX.apply(x, self.weight, self, ctx, name, channels)
+        return KeepsX.apply(x, self.weight, self, ctx, name)
 
     # every recurrent mixer runs its kernel through Mixer.recurrence: the one place to swap it
     recurrence = Mixer.__dict__["recurrence"]

@@ -437,10 +437,10 @@ def test_backward_keeps_no_buffer_it_does_not_use(backbone, compiled):
 
 
 # inputs the recurrence must copy, per layer: RetNet's per-head decay is one constant row broadcast over the batch
-# ([B, T, H, 1], tiny); GLA with its short convolution hands q, k and v as views of the one convolution's output
-# (DeltaNet's v was one too, 1 a layer, before [q | k] and v were convolved apart)
-COPIED_PER_LAYER = {"gla": 0, "retnet": 1, "mamba2": 0, "gated_oja": 0, "linear_attn": 0, "deltanet": 0,
-                    "gated_deltanet": 0, "gla+short_conv": 3}
+# ([B, T, H, 1], tiny); DeltaNet's v is a view of the one short convolution over [q | k | v] (q and k are not: the
+# L2 norm writes them anew); GLA with its short convolution likewise hands q, k and v as views of its output
+COPIED_PER_LAYER = {"gla": 0, "retnet": 1, "mamba2": 0, "gated_oja": 0, "linear_attn": 0, "deltanet": 1,
+                    "gated_deltanet": 1, "gla+short_conv": 3}
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])

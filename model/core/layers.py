@@ -41,16 +41,14 @@ class ShortConv(nn.Module):
     """Causal depthwise convolution over time (kernel size K) followed by SiLU (as in Mamba / Gated DeltaNet) or by
     nothing (activation=False). The incremental form keeps the last K - 1 inputs in ctx.state.conv[name]; packed
     documents (ctx.cu_seqlens) are convolved as if alone; a slice of a sequence split over ranks (ctx.cp_group)
-    starts from the previous slice's last K - 1 inputs (those of its first token's document, when packed).
-    `channels` (a slice) convolves those channels alone: depthwise, so a mixer can convolve [q | k | v] in parts of
-    one weight, each part its own contiguous output (and its own name in the cache)."""
+    starts from the previous slice's last K - 1 inputs (those of its first token's document, when packed)."""
 
     def __init__(self, dim: int, kernel_size: int = 4, activation: bool = True):
         super().__init__()
         self.kernel_size, self.activation = kernel_size, activation
         self.weight = nn.Parameter(torch.randn(dim, 1, kernel_size) / kernel_size ** 0.5)
 
-    def forward(self, x, ctx: Context = TRAINING, name: str = "conv", channels: slice | None = None):
+    def forward(self, x, ctx: Context = TRAINING, name: str = "conv"):
         # y_t = sum_i w_{K-1-i} x_{t-i}. On CUDA, FLA's kernel (Inductor's fusion of the shifted sums below, with the
         # L2 norm after it, took 10% of a Gated DeltaNet step; F.conv1d is a cuDNN call between two transposes);
         # elsewhere and when decoding, K shifted products summed in fp32 (the reference)
@@ -63,12 +61,11 @@ class ShortConv(nn.Module):
             cu = ctx.cu_seqlens
             if cu is not None:  # packed: those inputs count only inside the first token's document
                 cu = torch.unique_consecutive(torch.cat([cu.new_zeros(1), (cu + K - 1).clamp(min=0)]))
-            return self(full, Context(ctx.offset, cu), name, channels)[:, K - 1:]
+            return self(full, Context(ctx.offset, cu), name)[:, K - 1:]
         cache, cu_seqlens = (None if ctx.state is None else ctx.state.conv), ctx.cu_seqlens
-        weight = self.weight[:, 0] if channels is None else self.weight[channels, 0]  # [D, K]
         if x.is_cuda and cache is None:  # FLA's Triton kernel, forward and backward, packed documents too
             from fla.modules.causal_conv1d import causal_conv1d
-            return causal_conv1d(x, weight, activation="silu" if self.activation else None,
+            return causal_conv1d(x, self.weight[:, 0], activation="silu" if self.activation else None,
                                  backend="triton", cu_seqlens=cu_seqlens)[0]
         if cache is not None and name in cache:
             full = torch.cat([cache[name], x], 1)
@@ -76,7 +73,7 @@ class ShortConv(nn.Module):
             full = F.pad(x, (0, 0, K - 1, 0))
         if cache is not None:
             cache[name] = full[:, -(K - 1):]
-        w = up(weight)  # w[:, K - 1 - i] multiplies x_{t - i}
+        w = up(self.weight[:, 0])  # [D, K]; w[:, K - 1 - i] multiplies x_{t - i}
         # packed documents: tap i (lag i) reaches back only inside the token's document
         pos = None if cu_seqlens is None else document_positions(cu_seqlens, T)[None, :, None]
         y = 0
