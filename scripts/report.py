@@ -36,7 +36,7 @@ FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
 FIRST_STEP_BLOCKS = DOCS / "gpu/first_step_h100_blocks_2026-11-27.json"
 FIRST_STEP_H200_BLOCKS = DOCS / "gpu/first_step_h200_blocks_2026-11-27.json"
 FIRST_STEP_H200_FRESH = DOCS / "gpu/first_step_h200_fresh_2026-11-27.json"
-GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-27.json"
+GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-28.json"
 FSDP2_PROFILE = DOCS / "multi_gpu/fsdp2_profile_4xh200_2026-11-27.json"
 FSDP2_PROFILE_2 = DOCS / "multi_gpu/fsdp2_profile_2xh200_2026-11-27.json"
 FSDP2_PROFILE_4_BF16 = DOCS / "multi_gpu/fsdp2_profile_4xh200_bf16_2026-11-27.json"
@@ -53,6 +53,8 @@ GLA_QKV = DOCS / "throughput/gla_qkv_h200_2026-11-28.json"
 QKV_OTHERS = DOCS / "throughput/qkv_split_h200_2026-11-28.json"  # RetNet, Mamba2, gated Oja, linear attention
 GLA_LEVERS = DOCS / "throughput/gla_levers_h200_2026-11-28.json"  # quack's input cast in the graph; FLA as custom ops
 GLA_DV = DOCS / "throughput/gla_dv_h200_2026-11-28.json"  # GLA backward's value gradient on tensor cores
+GDN_V = DOCS / "throughput/gdn_v_h200_2026-11-28.json"  # DeltaNet's v convolved apart (reverted)
+PEERS_H200 = DOCS / "throughput/peers_h200_2026-11-28.json"  # GLA, Gated DeltaNet against FLA's; the profiles
 QUACK_PARITY = DOCS / "throughput/quack_parity_370m_2xh200_2026-11-28.json"
 EAGER_PARITY = DOCS / "throughput/eager_parity_370m_4xh200_2026-11-28.json"  # the protocol's same-math control
 MLP_NUMERICS = DOCS / "throughput/mlp_numerics_h200_2026-11-28.json"
@@ -256,6 +258,44 @@ def runs_table(path: Path) -> str:
     cmds = "; ".join(f"`{run['command']}`" for run in rec["runs"])
     return "\n".join(lines) + (f"\n\n{rec['date']}, {rec['software']}, {rec['settings']}. Calls: {calls}. "
                                f"Commands: {cmds}. {rec['note']} Not run: {rec['not_run']}")
+
+
+def profile_kinds(path: Path) -> tuple[float, dict]:
+    """The unprofiled step (ms) and the ms a step of each kind of kernel, from the head of a `bench_train.py
+    --profile` file (its kernel_breakdown); the GPU idle line is left out (the profiler's own lag inflates it)."""
+    lines = path.read_text().splitlines()
+    step = float(re.search(r"([\d.]+) ms a step unprofiled", lines[0]).group(1))
+    kinds = {}
+    for line in lines[2:]:
+        m = re.match(r"(.+?)\s+([\d.]+)\s+[\d.]+%$", line)
+        if not m:
+            break
+        if not m.group(1).startswith("GPU idle"):
+            kinds[m.group(1)] = float(m.group(2))
+    return step, kinds
+
+
+MEMORY_BOUND = ("torch.compile (Inductor)", "PyTorch eager elementwise / reductions", "copies / fills")
+
+
+def profiles_table() -> str:
+    """Where each 370m step's GPU time goes, one column a backbone, from the profiles beside PEERS_H200; the
+    memory-bound row sums what the performance issue counts as such (Inductor's kernels, eager element-wise, copies)."""
+    rec = load(PEERS_H200)
+    cols = {case: profile_kinds(DOCS / "throughput" / f) for case, f in rec["profiles"].items()}
+    kinds = list(dict.fromkeys(k for _, ks in cols.values() for k in ks))
+    lines = ["| ms a step | " + " | ".join(NAMES.get(c, c) for c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for k in kinds:
+        lines.append(f"| {k} | " + " | ".join(f"{ks.get(k, 0):.1f}" for _, ks in cols.values()) + " |")
+    lines.append("| **memory-bound** (Inductor, eager element-wise, copies) | " +
+                 " | ".join(f"**{sum(ks.get(k, 0) for k in MEMORY_BOUND):.1f}**" for _, ks in cols.values()) + " |")
+    lines.append("| kernels in all | " + " | ".join(f"{sum(ks.values()):.1f}" for _, ks in cols.values()) + " |")
+    lines.append("| the step, unprofiled | " + " | ".join(f"{st:.1f}" for st, _ in cols.values()) + " |")
+    files = ", ".join(f"[{f}]({rel(DOCS / 'throughput' / f)})" for f in rec["profiles"].values())
+    return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, {rec['software']}, "
+                               f"{rec['settings']}, code {rec['code'].split(' ')[0]}; `scripts/bench_train.py "
+                               f"--profile` (3 profiled steps after the timed ones): {files}.")
 
 
 def lm_eval_bench_table() -> str:
@@ -477,10 +517,26 @@ def summary_table() -> str:
     qkv = load(GLA_QKV)  # call A: GPU 2 ran the changed GLA and FLA's models, GPU 0 Gated DeltaNet
     gpu = {g: {r["case"]: r["ms"] for run in qkv["runs"] if run["call"].startswith("A") and run["gpu"] == g
                for r in run["rows"]} for g in (0, 2)}
-    rows.append(("GLA and Gated DeltaNet against FLA's own models (370m, 8 × 4,096; ours compiled, FLA's eager)",
-                 f"GLA {gpu[2]['fla:gla'] / gpu[2]['gla+nope']:.2f}×, Gated DeltaNet "
-                 f"{gpu[2]['fla:gated_deltanet'] / gpu[0]['gated_deltanet+nope']:.2f}× their speed",
-                 f"H200, {qkv['date']}", "docs/throughput/README.md"))
+    peers = load(PEERS_H200)  # one GPU: ours and FLA's, one process after the other (the profiles' rows left out)
+    by = {}
+    for run in peers["runs"]:
+        if "--profile" not in run["command"]:
+            for r in run["rows"]:
+                by.setdefault(r["case"], []).append(r)
+    cells = []
+    for ours, fla, name in (("gla+nope", "fla:gla", "GLA"), ("gated_deltanet+nope", "fla:gated_deltanet",
+                                                            "Gated DeltaNet")):
+        x = sorted(f["ms"] / o["ms"] for o in by[ours] for f in by[fla])
+        mem = max(o["peak_mem_gib"] for o in by[ours]) / min(f["peak_mem_gib"] for f in by[fla])
+        cells.append(f"{name} {x[0]:.2f}{'' if f'{x[0]:.2f}' == f'{x[-1]:.2f}' else f'–{x[-1]:.2f}'}× their speed "
+                     f"at {mem:.2f}× their memory")
+    rows.append(("GLA and Gated DeltaNet against FLA's own models (370m, 8 × 4,096; ours compiled, FLA's eager, "
+                 "one GPU)", "; ".join(cells), f"{short_device(peers['device'])}, {peers['date']}",
+                 "docs/throughput/README.md"))
+    prof = {case: profile_kinds(DOCS / "throughput" / f)[1] for case, f in peers["profiles"].items()}
+    rows.append(("Memory-bound GPU time of a 370m step (Inductor's kernels, eager element-wise, copies; profiled)",
+                 "; ".join(f"{NAMES[c]} {sum(ks.get(k, 0) for k in MEMORY_BOUND):.1f} ms" for c, ks in prof.items()),
+                 f"{short_device(peers['device'])}, {peers['date']}", "docs/throughput/README.md"))
     dv = load(GLA_DV)  # call F: FLA's own chunk_gla and the repo's value gradient, alternating on one GPU
     ms = {True: [], False: []}  # FLA's kernel or not: each run's step
     for run in (r for r in dv["runs"] if r["call"].startswith("F")):
@@ -658,6 +714,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "quack_swiglu": quack_swiglu_table, "gla_qkv": lambda: runs_table(GLA_QKV),
           "qkv_others": lambda: runs_table(QKV_OTHERS),
           "gla_levers": lambda: runs_table(GLA_LEVERS), "gla_dv": lambda: runs_table(GLA_DV), "float8": float8_table,
+          "gdn_v": lambda: runs_table(GDN_V), "peers_h200": lambda: runs_table(PEERS_H200),
+          "profiles_h200": profiles_table,
           "float8_parity": lambda: parity_table(FLOAT8_PARITY),
           "quack_parity": lambda: parity_table(QUACK_PARITY, "inductor"),
           "eager_parity": lambda: parity_table(EAGER_PARITY, "compiled"), "mlp_numerics": mlp_numerics_table,
