@@ -193,3 +193,37 @@ def test_tune_kernels_deals_its_processes_over_the_visible_gpus(monkeypatch):
     assert [job_env(i).get("CUDA_VISIBLE_DEVICES") for i in range(5)] == ["0", "1", "2", "3", "0"]
     monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
     assert "CUDA_VISIBLE_DEVICES" not in job_env(1)
+
+
+
+@pytest.mark.slow
+def test_every_370m_case_has_its_short_convolutions_shipped():
+    """FLA's causal_conv1d is autotuned on the channels and kernel size it is called with, so a change of a mixer's
+    convolution shapes needs a tuning pass: ab6bfcb split DeltaNet's one convolution in two and a fresh H200's first
+    Gated DeltaNet step went from 35 to 77 s, 64 configs timed. Every bench_train case's 370m convolutions must have
+    shipped entries, forward and backward, for each GPU in its folder or a sibling's of the same capability
+    (tuned_configs borrows from those). The shapes are those the convolutions are called with in a forward of the
+    built model (a few tokens on the CPU), so a new shape fails here, not on a rented GPU."""
+    import bench_train
+    from duality.model.core.layers import ShortConv
+    convs = set()  # (case, channels, kernel size)
+    for case in bench_train.CASES:
+        model = bench_train.build(case, "370m", 4096, 512, overrides=["model.n_layer=1"])[0]
+        for m in model.modules():
+            if isinstance(m, ShortConv):
+                m.register_forward_hook(lambda m, args, out, case=case: convs.add((case, args[0].shape[-1],
+                                                                                   m.kernel_size)))
+        with torch.no_grad():
+            model(torch.randint(0, 512, (1, 8)))
+    assert {c for c, *_ in convs} >= {"deltanet+nope", "gated_deltanet+nope", "gla+selective_rope"}
+    missing = []
+    for gpu, capability in tc.CAPABILITY.items():
+        shipped = set()
+        for folder in [tc.CONFIG_ROOT / gpu, *tc.siblings(gpu, capability)]:
+            for kind in ("fwd", "bwd"):
+                path = folder / f"causal_conv1d_{kind}_kernel.json"
+                for e in json.loads(path.read_text())["autotune_entries"].values():
+                    shipped.add((kind, *e["autotune_key"][:3]))  # channels, kernel size, the input's dtype
+        missing += [f"{gpu} {case}: {kind} [{d}, {k}]" for case, d, k in sorted(convs) for kind in ("fwd", "bwd")
+                    if (kind, d, k, "torch.bfloat16") not in shipped]
+    assert not missing, f"not shipped (scripts/tune_kernels.py --only 370m on that GPU): {missing}"
