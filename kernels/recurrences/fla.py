@@ -3,13 +3,18 @@ kernels. Imported on first use: FLA needs a GPU build of Triton.
 
 GLA (a gate per channel) runs FLA's kernels but one: its backward's value gradient is gla_dv.py's (the same formula,
 its intra-chunk product on tensor cores: 4.4 ms, 2.2%, of a 370m step on an H200, docs/throughput). DUALITY_GLA_DV=fla
-in the environment puts FLA's own chunk_gla back, for comparison."""
+in the environment puts FLA's own chunk_gla back, for comparison; so does an FLA other than the one _GLA calls the
+internals of (pyproject pins it), with a warning, rather than fail inside a backward."""
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 
 import torch
+
+FLA_INTERNALS = "0.6.0"  # the FLA whose private chunk_gla_* functions _GLA calls, in its chunk_gla_bwd's order
 
 
 def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None):
@@ -17,11 +22,23 @@ def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None):
         from fla.ops.simple_gla import chunk_simple_gla
         return chunk_simple_gla(q, k, v, g=g[..., 0].float(), scale=scale, initial_state=S0,
                                 output_final_state=output_state, cu_seqlens=cu_seqlens)
-    if os.environ.get("DUALITY_GLA_DV") == "fla":
+    if os.environ.get("DUALITY_GLA_DV") == "fla" or not own_value_gradient():
         from fla.ops.gla import chunk_gla
         return chunk_gla(q, k, v, g=g.float(), scale=scale, initial_state=S0, output_final_state=output_state,
                          cu_seqlens=cu_seqlens)
     return _chunk_gla(q, k, v, g, scale, S0, output_state, cu_seqlens)
+
+
+@functools.cache
+def own_value_gradient() -> bool:
+    """Whether the installed FLA is the one _GLA was written against (warns once when not)."""
+    import fla
+    if fla.__version__ == FLA_INTERNALS:
+        return True
+    warnings.warn(f"flash-linear-attention {fla.__version__} is not {FLA_INTERNALS}, whose GLA internals "
+                  "kernels/recurrences/fla.py calls: GLA runs FLA's own chunk_gla (without gla_dv.py's value gradient)",
+                  stacklevel=3)
+    return False
 
 
 @torch.compiler.disable  # Triton kernels with FLA's autotuning: outside the graph, as FLA's chunk_gla is

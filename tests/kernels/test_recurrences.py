@@ -64,6 +64,40 @@ def test_dispatch_convention():
             fn(*args, impl="triton")
 
 
+@pytest.mark.slow  # importing FLA: 4 s
+def test_gla_runs_fla_s_own_chunk_gla_under_another_fla(monkeypatch):
+    """_GLA calls FLA 0.6.0's private chunk_gla_* functions, so under another FLA (or DUALITY_GLA_DV=fla) GLA runs
+    FLA's public chunk_gla instead, warning once, rather than fail inside a backward; the version it checks is the
+    one pyproject pins. The kernels are stand-ins that name themselves (they need CUDA); the choice is the code's."""
+    import tomllib
+    from pathlib import Path
+
+    import fla
+    import fla.ops.gla
+
+    from duality.kernels.recurrences import fla as via_fla
+    pins = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"flash-linear-attention=={via_fla.FLA_INTERNALS}" in pins
+    monkeypatch.setattr(fla.ops.gla, "chunk_gla", lambda *a, **kw: "fla's chunk_gla")
+    monkeypatch.setattr(via_fla, "_chunk_gla", lambda *a: "_GLA")
+    q, k, v = qkv(1, 4, 1, 2, 2)
+    g = torch.zeros(1, 4, 1, 2)  # a gate per channel (a scalar one takes chunk_simple_gla)
+
+    def which(version, env=None):
+        via_fla.own_value_gradient.cache_clear()
+        monkeypatch.setattr(fla, "__version__", version)
+        if env:
+            monkeypatch.setenv("DUALITY_GLA_DV", env)
+        return via_fla.gated(q, k, v, g, 1.0)
+
+    assert which(via_fla.FLA_INTERNALS) == "_GLA"
+    assert which(via_fla.FLA_INTERNALS, env="fla") == "fla's chunk_gla"
+    monkeypatch.delenv("DUALITY_GLA_DV")
+    with pytest.warns(UserWarning, match=r"flash-linear-attention 0\.7\.0 is not 0\.6\.0.*FLA's own chunk_gla"):
+        assert which("0.7.0") == "fla's chunk_gla"
+    via_fla.own_value_gradient.cache_clear()
+
+
 # ----------------------------------------------------------------- GLA backward's value gradient (gla_dv.py)
 def _local_log2_cumsum(g, C):
     """FLA's G: the gate's cumulative sum within each chunk of C tokens, in log2."""
