@@ -22,27 +22,33 @@ def gated(q, k, v, g, scale, S0=None, output_state=False, cu_seqlens=None):
         from fla.ops.simple_gla import chunk_simple_gla
         return chunk_simple_gla(q, k, v, g=g[..., 0].float(), scale=scale, initial_state=S0,
                                 output_final_state=output_state, cu_seqlens=cu_seqlens)
-    if os.environ.get("DUALITY_GLA_DV") == "fla" or not own_value_gradient():
-        from fla.ops.gla import chunk_gla
-        return chunk_gla(q, k, v, g=g.float(), scale=scale, initial_state=S0, output_final_state=output_state,
-                         cu_seqlens=cu_seqlens)
+    if os.environ.get("DUALITY_GLA_DV") == "fla":
+        return _flas_chunk_gla(q, k, v, g, scale, S0, output_state, cu_seqlens)
     return _chunk_gla(q, k, v, g, scale, S0, output_state, cu_seqlens)
 
 
+def _flas_chunk_gla(q, k, v, g, scale, S0, output_state, cu_seqlens):
+    from fla.ops.gla import chunk_gla
+    return chunk_gla(q, k, v, g=g.float(), scale=scale, initial_state=S0, output_final_state=output_state,
+                     cu_seqlens=cu_seqlens)
+
+
 @functools.cache
-def own_value_gradient() -> bool:
-    """Whether the installed FLA is the one _GLA was written against (warns once when not)."""
+def fla_is_the_pinned_one() -> bool:
+    """Whether the installed FLA is the one _GLA was written against (a warning, once, when not)."""
     import fla
     if fla.__version__ == FLA_INTERNALS:
         return True
     warnings.warn(f"flash-linear-attention {fla.__version__} is not {FLA_INTERNALS}, whose GLA internals "
                   "kernels/recurrences/fla.py calls: GLA runs FLA's own chunk_gla (without gla_dv.py's value gradient)",
-                  stacklevel=3)
+                  stacklevel=2)
     return False
 
 
 @torch.compiler.disable  # Triton kernels with FLA's autotuning: outside the graph, as FLA's chunk_gla is
 def _chunk_gla(q, k, v, g, scale, S0, output_state, cu_seqlens):
+    if not fla_is_the_pinned_one():  # (eager, so the check and its warning run once, outside any graph)
+        return _flas_chunk_gla(q, k, v, g, scale, S0, output_state, cu_seqlens)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g.float()))
     return _GLA.apply(q, k, v, g, scale, S0, output_state, cu_seqlens)
 

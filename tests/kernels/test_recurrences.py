@@ -79,12 +79,12 @@ def test_gla_runs_fla_s_own_chunk_gla_under_another_fla(monkeypatch):
     pins = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
     assert f"flash-linear-attention=={via_fla.FLA_INTERNALS}" in pins
     monkeypatch.setattr(fla.ops.gla, "chunk_gla", lambda *a, **kw: "fla's chunk_gla")
-    monkeypatch.setattr(via_fla, "_chunk_gla", lambda *a: "_GLA")
+    monkeypatch.setattr(via_fla._GLA, "apply", lambda *a: "_GLA")
     q, k, v = qkv(1, 4, 1, 2, 2)
     g = torch.zeros(1, 4, 1, 2)  # a gate per channel (a scalar one takes chunk_simple_gla)
 
     def which(version, env=None):
-        via_fla.own_value_gradient.cache_clear()
+        via_fla.fla_is_the_pinned_one.cache_clear()
         monkeypatch.setattr(fla, "__version__", version)
         if env:
             monkeypatch.setenv("DUALITY_GLA_DV", env)
@@ -95,7 +95,7 @@ def test_gla_runs_fla_s_own_chunk_gla_under_another_fla(monkeypatch):
     monkeypatch.delenv("DUALITY_GLA_DV")
     with pytest.warns(UserWarning, match=r"flash-linear-attention 0\.7\.0 is not 0\.6\.0.*FLA's own chunk_gla"):
         assert which("0.7.0") == "fla's chunk_gla"
-    via_fla.own_value_gradient.cache_clear()
+    via_fla.fla_is_the_pinned_one.cache_clear()
 
 
 # ----------------------------------------------------------------- GLA backward's value gradient (gla_dv.py)
