@@ -195,7 +195,6 @@ def test_tune_kernels_deals_its_processes_over_the_visible_gpus(monkeypatch):
     assert "CUDA_VISIBLE_DEVICES" not in job_env(1)
 
 
-
 @pytest.mark.slow
 def test_every_370m_case_has_its_short_convolutions_shipped():
     """FLA's causal_conv1d is autotuned on the channels and kernel size it is called with, so a change of a mixer's
