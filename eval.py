@@ -2,7 +2,7 @@
 (conf/eval.yaml) says what to measure. `ckpt` is one checkpoint or a list of them, compared in one table or plot.
 
     python eval.py ckpt=outputs/gla-rope-124m mode=lm_eval                      # seed 004's tasks + wikitext
-    python eval.py ckpt=RUN mode=export out=exports/gla-rope                   # a transformers model folder (hf.py)
+    python eval.py ckpt=RUN mode=export out=exports/gla-rope dtype=bfloat16    # a transformers model folder (hf.py)
     python eval.py ckpt=RUN mode=lm_eval lm_eval.include_path=evals/local_tasks 'lm_eval.tasks=[pydoc]'
     python eval.py 'ckpt=[RUN_A,RUN_B]' mode=position_loss data=text data.files='long/*.txt'
     python eval.py ckpt=RUN mode=perplexity seq_len=4096                       # any data config, any context
@@ -39,6 +39,7 @@ from duality.trainer.checkpoint import load_model
 from duality.trainer.checkpoint import newest_checkpoint as resolve_ckpt
 
 MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel", "export")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def labels(configs, paths) -> list[str]:
@@ -178,6 +179,9 @@ def run(cfg) -> dict:
         raise ConfigError(f"lm_eval.cuda_graphs={cfg.lm_eval.cuda_graphs!r}; valid choices: auto, true, false")
     if cfg.mode == "lm_eval" and cfg.lm_eval.cuda_graphs is True and device.type != "cuda":
         raise ConfigError(f"lm_eval.cuda_graphs=true needs a CUDA device; this run's is {device} (device={cfg.device})")
+    if cfg.dtype not in (None, *DTYPES):
+        raise ConfigError(f"dtype={cfg.dtype!r}; valid choices: {list(DTYPES)} or null (float32 weights, bf16 autocast "
+                          "on a GPU)")
     if cfg.mode == "lm_eval":  # the tasks and their data are checked before any model is loaded
         try:
             from duality.evals import harness
@@ -186,14 +190,18 @@ def run(cfg) -> dict:
         task_manager = harness.load_tasks(list(cfg.lm_eval.tasks), cfg.lm_eval.include_path)
     if cfg.mode == "export":  # a folder, not a JSON of results
         from duality.hf import export
-        out = export(paths[0], cfg.out or resolve_ckpt(paths[0]).parent.parent / "hf", cfg.export_dtype)
+        out = export(paths[0], cfg.out or resolve_ckpt(paths[0]).parent.parent / "hf", cfg.dtype or "float32")
         print(f"exported {resolve_ckpt(paths[0])} -> {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
         return {"mode": "export", "out": str(out), "ckpt": str(resolve_ckpt(paths[0]))}
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    # float32 weights run under bf16 autocast on a GPU (training's precision); weights cast to dtype= run in it
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and not cfg.dtype
+                else nullcontext())
     out = Path(cfg.out) if cfg.out else (
         (resolve_ckpt(paths[0]).parent.parent if len(paths) == 1 else Path("outputs/eval")) / f"eval_{cfg.mode}.json")
     plot = Path(cfg.plot) if cfg.plot else out.with_suffix(".png")
     loaded = [load_model(p, device) for p in paths] if cfg.mode != "lm_eval" else []  # lm_eval: one at a time
+    if cfg.dtype:
+        loaded = [(model.to(getattr(torch, cfg.dtype)), tok, ck) for model, tok, ck in loaded]
     names = labels([ck["config"] for _, _, ck in loaded], paths)
 
     if cfg.mode == "kernel":
@@ -206,6 +214,8 @@ def run(cfg) -> dict:
         from duality.hf import DualityForCausalLM
         for path in paths:
             model, tokenizer = DualityForCausalLM.from_checkpoint(path, device)
+            if cfg.dtype:
+                model.to(getattr(torch, cfg.dtype))
             lm = harness.hflm(model, tokenizer, batch_size=L.batch_size, max_length=L.max_length,
                               cuda_graphs=L.cuda_graphs)
             scores.append(harness.evaluate(lm, list(L.tasks), task_manager, L.num_fewshot, L.limit)["results"])

@@ -197,7 +197,7 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
         if self.model.decoder is not None:
             raise ValueError("model.head=compress decodes a whole sequence from one state; it does not generate")
         if attention_mask is None or input_ids is None or bool(attention_mask.all()):
-            return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            return self._generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         flipped = attention_mask.flip(-1)
         if not bool((flipped.cummin(-1).values == flipped).all()):
             raise ValueError("attention_mask: generate takes left padding only (tokenizer.padding_side = 'left', "
@@ -219,11 +219,42 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
             if stopping is not None:
                 group["stopping_criteria"] = StoppingCriteriaList([_InPaddedBatch(stopping, input_ids, idx, n)])
             prompt = input_ids[idx, W - n:]
-            out = super().generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **group)
+            out = self._generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **group)
             for i, row in zip(idx, out):
                 rows[i] = torch.cat([input_ids[i, :W - n], row])
         width = max(len(r) for r in rows)
         return torch.stack([F.pad(r, (0, width - len(r)), value=pad) for r in rows])
+
+    def _generate(self, input_ids=None, attention_mask=None, fast_decoding: bool = True,
+                  cuda_graphs: bool | None = None, **kwargs):
+        """Prompts of one length: the repo's decoding loop (model/decode.py: fixed buffers, a CUDA graph a step,
+        sampling on the GPU) when the request needs only what it does (greedy or sampling with temperature, top-k,
+        top-p; end-of-sequence ids, max_length / max_new_tokens, stopping criteria), else transformers' generate
+        (beam search, other logits processors, scores in the output, streamers). fast_decoding=False always takes
+        transformers'; cuda_graphs=False decodes eagerly (None: graphs on a CUDA device)."""
+        if input_ids is None or not fast_decoding:
+            return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        # transformers' own merging of the model's generation_config, the global defaults and the kwargs (a private
+        # method, present through transformers 4.4x-5.x), so both loops read the same settings
+        config, rest = self._prepare_generation_config(kwargs.pop("generation_config", None), **kwargs)
+        stopping = rest.pop("stopping_criteria", None)
+        rest.pop("use_cache", None)
+        P = input_ids.shape[1]
+        n = config.max_new_tokens if config.max_new_tokens is not None else (config.max_length or 20) - P
+        unusual = [k for k, default in FAST_PATH_DEFAULTS.items() if getattr(config, k, None) not in (None, default)]
+        if unusual or any(v is not None for v in rest.values()) or n <= 0:
+            return super().generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                                    stopping_criteria=stopping, **rest)
+        from duality.model.decode import generate
+        sampling = bool(config.do_sample)
+        stop = None
+        if stopping:
+            criteria = StoppingCriteriaList(stopping if isinstance(stopping, list) else [stopping])
+            stop = lambda ids, scores: criteria(ids, scores)  # noqa: E731
+        return generate(self.model, input_ids, n, temperature=(config.temperature or 1.0) if sampling else 0.0,
+                        top_k=config.top_k if sampling else None, top_p=config.top_p if sampling else None,
+                        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, stop=stop,
+                        cuda_graphs=cuda_graphs, precision=self._precision)
 
     @classmethod
     def from_checkpoint(cls, path, device="cpu") -> tuple["DualityForCausalLM", object]:
@@ -242,6 +273,22 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
         model = cls(config)
         load_weights(model.model, ckpt["model"], ckpt_path)
         return model.to(device).eval(), hf_tokenizer(tok)
+
+
+# generation settings the repo's decoding loop does not implement, at the values that switch them off: any other value
+# sends generate to transformers' own loop (DualityForCausalLM._generate)
+FAST_PATH_DEFAULTS = {
+    "num_beams": 1, "num_return_sequences": 1, "min_length": 0, "min_new_tokens": 0, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None, "force_words_ids": None,
+    "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None, "top_h": None,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "sequence_bias": None, "guidance_scale": 1.0, "renormalize_logits": False, "remove_invalid_values": False,
+    "exponential_decay_length_penalty": None, "watermarking_config": None, "output_scores": False,
+    "output_logits": False, "return_dict_in_generate": False, "stop_strings": None, "max_time": None,
+    "penalty_alpha": None, "dola_layers": None, "prompt_lookup_num_tokens": None, "constraints": None,
+    "diversity_penalty": 0.0, "num_beam_groups": 1, "token_healing": False, "output_attentions": False,
+    "output_hidden_states": False,
+}
 
 
 class _InPaddedBatch(StoppingCriteria):

@@ -343,30 +343,16 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, stop=None):
-        """Prefill the prompt in one parallel call, then decode one token per call through each mixer's cache.
-        temperature = 0 is greedy decoding; `stop(new_tokens [B, n]) -> bool` ends decoding early."""
-        if self.decoder is not None:
-            raise ValueError("model.head=compress decodes a whole sequence from one state; it does not generate")
-        cache = Cache(len(self.blocks))
-        out = [idx]
-        with varying_shapes():  # the KV cache grows every step
-            logits, _ = self(idx, cache=cache)
-            for _ in range(max_new_tokens):
-                last = logits[:, -1].float()
-                if temperature == 0:
-                    nxt = last.argmax(-1, keepdim=True)
-                else:
-                    last = last / temperature
-                    if top_k:
-                        kth = torch.topk(last, min(top_k, last.shape[-1])).values[:, -1:]
-                        last = last.masked_fill(last < kth, float("-inf"))
-                    nxt = torch.multinomial(torch.softmax(last, -1), 1, generator=generator)
-                out.append(nxt)
-                if stop is not None and stop(torch.cat(out[1:], 1)):
-                    break
-                logits, _ = self(nxt, cache=cache)
-        return torch.cat(out, 1)
+                 generator: torch.Generator | None = None, stop=None, top_p: float | None = None,
+                 cuda_graphs: bool | None = None):
+        """Prefill the prompt in one parallel call, then decode one token per call into fixed buffers, each step
+        replayed from a CUDA graph on a GPU (model/decode.py). temperature = 0 is greedy decoding;
+        `stop(new_tokens [B, n]) -> bool` ends decoding early."""
+        from .decode import generate
+        P = idx.shape[1]
+        return generate(self, idx, max_new_tokens, temperature, top_k, top_p, generator,
+                        stop=None if stop is None else lambda ids, logits: bool(stop(ids[:, P:])),
+                        cuda_graphs=cuda_graphs)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -180,7 +180,7 @@ def test_export_loads_with_the_auto_classes_and_scores_through_the_harness_cli(c
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, gpt(ids)[0], rtol=0, atol=0)
     # exporting again replaces the folder; a folder that is not an export is refused
-    eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={out}", "export_dtype=bfloat16"], "eval"))
+    eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={out}", "dtype=bfloat16"], "eval"))
     assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="not an earlier export"):
         eval_lib.run(compose([f"ckpt={ckpt}", "mode=export", f"out={ROOT / 'conf'}"], "eval"))

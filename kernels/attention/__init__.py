@@ -29,6 +29,8 @@ Three implementations of the same function:
   range. Away from the diagonal the power path's gate factorises, exp(c_i - c_j) = exp(c_i - c_r) exp(c_r - c_j)
   with r the block's last key (both factors <= 1), so it costs one multiply per score instead of an exponential. The
   interpreter runs the kernel on a CPU when TRITON_INTERPRET=1 (how CI tests it).
+- `cached_attention` (reference.py): queries at a position given as a tensor against a fixed buffer of keys, those
+  not yet written masked: the decoding step's form at one shape for every position (model/decode.py).
 - `decayed_attention`: the entry point. On CUDA the Triton kernel whenever there is a gate, slopes, a power or
   packed documents; plain causal softmax goes to torch's SDPA (cuDNN / FlashAttention); elsewhere the reference or
   SDPA with an explicit mask.
@@ -41,9 +43,16 @@ import math
 import torch
 
 from .kernel import CONFIG, INTERPRETER_CONFIG, _fused, _triton_ok
-from .reference import _check, _sdpa, cumulative_log_decay, decayed_attention_reference, log_weight_bias
+from .reference import (
+    _check,
+    _sdpa,
+    cached_attention,
+    cumulative_log_decay,
+    decayed_attention_reference,
+    log_weight_bias,
+)
 
-__all__ = ["CONFIG", "INTERPRETER_CONFIG", "cumulative_log_decay", "decayed_attention",
+__all__ = ["CONFIG", "INTERPRETER_CONFIG", "cached_attention", "cumulative_log_decay", "decayed_attention",
            "decayed_attention_reference", "log_weight_bias"]
 
 

@@ -21,15 +21,17 @@ def cumulative_log_decay(log_gate: torch.Tensor) -> torch.Tensor:
 
 
 def log_weight_bias(Tq, Tk, *, log_decay=None, slopes=None, bias=None, cu_seqlens=None, device=None,
-                    dtype=torch.float32):
+                    dtype=torch.float32, q_pos=None):
     """The additive log-weight (c_i - c_j) - m_h (i - j) + b_ij, -inf where j > i or across documents:
-    [B or 1, H or 1, Tq, Tk]."""
-    i = torch.arange(Tk - Tq, Tk, device=device)[:, None]
+    [B or 1, H or 1, Tq, Tk]. The queries are the last Tq keys, or at the positions q_pos [Tq] (a fixed buffer of
+    keys, cached_attention)."""
+    i = (torch.arange(Tk - Tq, Tk, device=device) if q_pos is None else q_pos)[:, None]
     j = torch.arange(Tk, device=device)[None, :]
     out = torch.zeros(1, 1, Tq, Tk, device=device, dtype=dtype)
     if log_decay is not None:
         c = log_decay.to(dtype).transpose(1, 2)  # [B, H, Tk]
-        out = out + (c[:, :, Tk - Tq:, None] - c[:, :, None, :])
+        ci = c[:, :, Tk - Tq:] if q_pos is None else c.index_select(2, q_pos)
+        out = out + (ci[..., None] - c[:, :, None, :])
     if slopes is not None:
         out = out - slopes.to(device=device, dtype=dtype)[None, :, None, None] * (i - j).to(dtype)
     if bias is not None:
@@ -96,3 +98,28 @@ def _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens):
                            device=q.device, dtype=dtype)
     o = F.scaled_dot_product_attention(qh.to(dtype), kh.to(dtype), vh.to(dtype), attn_mask=mask, scale=scale)
     return o.to(q.dtype).transpose(1, 2)
+
+
+def cached_attention(q, k, v, offset, *, log_decay=None, slopes=None, bias=None, power=None, scale=None):
+    """Decayed attention of queries at positions offset .. offset+Tq-1 (offset a 0-d tensor) against a fixed buffer
+    of L keys at positions 0 .. L-1, those past each query not yet written (masked out): a KV-cache step at one
+    shape whatever the position, so one CUDA graph replays every step (model/decode.py). Equal to
+    decayed_attention over the buffer's first offset+Tq keys (tests/kernels/test_attention.py)."""
+    if bias is not None:
+        raise ValueError("cached_attention: an additive bias b_ij (T5, Transformer-XL) is built for the keys' "
+                         "positions relative to the last query; decode those schemes with a growing cache")
+    Tq, L = q.shape[1], k.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    i = offset + torch.arange(Tq, device=q.device)
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    if power is None and log_decay is None and slopes is None:  # a boolean mask: SDPA in the model's dtype
+        mask = torch.arange(L, device=q.device)[None, :] <= i[:, None]
+        return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale).transpose(1, 2)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # as _sdpa: the bias of large c's differences in fp32
+    a = log_weight_bias(Tq, L, log_decay=log_decay, slopes=slopes, device=q.device, dtype=dtype, q_pos=i)
+    if power is None:
+        o = F.scaled_dot_product_attention(qh.to(dtype), kh.to(dtype), vh.to(dtype), attn_mask=a, scale=scale)
+        return o.to(q.dtype).transpose(1, 2)
+    w = (torch.einsum("bhid,bhjd->bhij", qh.to(dtype), kh.to(dtype)) * scale) ** power * torch.exp(a)
+    o = torch.einsum("bhij,bhjd->bihd", w / w.sum(-1, keepdim=True), vh.to(dtype))
+    return o.to(q.dtype)

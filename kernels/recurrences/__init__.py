@@ -14,6 +14,8 @@ encoding that the dual softmax scheme puts into its scores (seed 000).
 `*_recurrent` are the token-by-token definitions (the oracles, and the decoding step). `gated_chunked` and
 `delta_rule_chunked` are exact chunked parallel forms (the CPU training path; gate differences are taken pairwise
 inside chunks of 16, so they are stable).
+`gated_step`, `delta_rule_step` and `oja_step` continue from a state for a few tokens (decoding): FLA's fused
+recurrent kernels on CUDA (one launch a layer, where the reference's step is some ten), the references elsewhere.
 `gated`, `delta_rule` and `oja` dispatch (impl=None: FLA on CUDA, the references elsewhere; "fla" or "torch" to
 choose) and take packed documents (B = 1, boundaries cu_seqlens [N + 1]): document i starts from S0[i] (S = 0
 without S0) and its final state is row i of [N, H, K, V]; FLA's varlen kernels on CUDA, the reference per document
@@ -37,8 +39,8 @@ from ..varlen import per_document
 from . import fla
 from .reference import delta_rule_chunked, delta_rule_recurrent, gated_chunked, gated_recurrent, oja_recurrent
 
-__all__ = ["delta_rule", "delta_rule_chunked", "delta_rule_recurrent", "gated", "gated_chunked", "gated_recurrent",
-           "oja", "oja_recurrent"]
+__all__ = ["delta_rule", "delta_rule_chunked", "delta_rule_recurrent", "delta_rule_step", "gated", "gated_chunked",
+           "gated_recurrent", "gated_step", "oja", "oja_recurrent", "oja_step"]
 
 
 def _documents(chunked, cu_seqlens, S0, output_state, *args):
@@ -81,4 +83,24 @@ def oja(q, k, v, gv, beta, scale, S0=None, output_state=False, cu_seqlens=None, 
         return fla.oja(q, k, v, gv, beta, scale, S0, output_state, cu_seqlens)
     if cu_seqlens is not None:
         return _documents(oja_recurrent, cu_seqlens, S0, output_state, q, k, v, gv, beta, scale)
+    return oja_recurrent(q, k, v, gv, beta, scale, S0)
+
+
+# The decoding steps: the recurrences' definitions continued from S0 for T (usually 1) tokens, returning (o, S_T).
+# S0 is required: a layer decodes after its prompt's prefill.
+def gated_step(q, k, v, g, scale, S0, impl: str | None = None):
+    if use_fla("gated", q, impl):
+        return fla.gated_step(q, k, v, g, scale, S0)
+    return gated_recurrent(q, k, v, g, scale, S0)
+
+
+def delta_rule_step(q, k, v, beta, scale, g=None, S0=None, impl: str | None = None):
+    if use_fla("delta_rule", q, impl):
+        return fla.delta_rule_step(q, k, v, beta, scale, g, S0)
+    return delta_rule_recurrent(q, k, v, beta, scale, g, S0)
+
+
+def oja_step(q, k, v, gv, beta, scale, S0, impl: str | None = None):
+    if use_fla("oja", q, impl):
+        return fla.oja_step(q, k, v, gv, beta, scale, S0)
     return oja_recurrent(q, k, v, gv, beta, scale, S0)

@@ -107,3 +107,34 @@ def oja(q, k, v, gv, beta, scale, S0=None, output_state=False, cu_seqlens=None):
     from fla.ops.gated_oja_rule import chunk_gated_oja_rule
     return chunk_gated_oja_rule(q, k, v, gv=gv.float(), beta=beta, scale=scale, initial_state=S0,
                                 output_final_state=output_state, cu_seqlens=cu_seqlens)
+
+
+# Decoding: FLA's fused recurrent kernels, one launch for the whole step (state in fp32, [B, H, K, V] as the chunked
+# kernels keep it). They index q, k and v as contiguous [B, T, H, D].
+def _c(*xs):
+    return [None if x is None else x.contiguous() for x in xs]
+
+
+def gated_step(q, k, v, g, scale, S0):
+    q, k, v = _c(q, k, v)
+    if g.shape[-1] == 1:
+        from fla.ops.simple_gla import fused_recurrent_simple_gla
+        return fused_recurrent_simple_gla(q, k, v, g=g[..., 0].float().contiguous(), scale=scale, initial_state=S0,
+                                          output_final_state=True)
+    from fla.ops.gla import fused_recurrent_gla
+    return fused_recurrent_gla(q, k, v, gk=g.float().contiguous(), scale=scale, initial_state=S0,
+                               output_final_state=True)
+
+
+def delta_rule_step(q, k, v, beta, scale, g=None, S0=None):
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    q, k, v, beta, g = _c(q, k, v, beta, None if g is None else g.float())
+    return fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=scale, initial_state=S0,
+                                            output_final_state=True)
+
+
+def oja_step(q, k, v, gv, beta, scale, S0):
+    from fla.ops.gated_oja_rule import fused_recurrent_gated_oja_rule
+    q, k, v, gv, beta = _c(q, k, v, gv.float(), beta)
+    return fused_recurrent_gated_oja_rule(q, k, v, gv=gv, beta=beta, scale=scale, initial_state=S0,
+                                          output_final_state=True)

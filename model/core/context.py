@@ -42,14 +42,21 @@ class LayerState:
 
 @dataclass(frozen=True)
 class Context:
-    """offset: absolute position of the first token (decoding continues at the tokens seen so far; under context
-    parallelism, where this rank's slice starts); cu_seqlens: the row packs documents with these boundaries
-    (positions restart at each); state: None in training; cp_group: the process group over which the sequence is
-    split (None: the whole sequence is here)."""
-    offset: int = 0
+    """offset: absolute position of the first token (decoding continues at the tokens seen so far, a 0-d tensor when
+    decoding into fixed buffers; under context parallelism, where this rank's slice starts); cu_seqlens: the row
+    packs documents with these boundaries (positions restart at each); state: None in training; cp_group: the
+    process group over which the sequence is split (None: the whole sequence is here)."""
+    offset: int | torch.Tensor = 0
     cu_seqlens: torch.Tensor | None = None
     state: LayerState | None = None
     cp_group: object = None
+
+    @property
+    def static(self) -> bool:
+        """Decoding into preallocated buffers (model/decode.py): the offset is a 0-d tensor on the model's device,
+        so that one CUDA graph serves every step; KV caches are buffers of fixed length whose entries past the
+        current token are not yet written (kernels/attention: cached_attention masks them)."""
+        return isinstance(self.offset, torch.Tensor)
 
     def positions(self, T: int) -> torch.Tensor | None:
         """Each token's position within its document when packed, else None (positions offset .. offset+T-1)."""

@@ -14,12 +14,11 @@ position.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..core.context import TRAINING
 from ..core.layers import residual_linear
-from .base import Mixer, attention, register
+from .base import Mixer, attention, extend_cache, register
 
 
 @register("transformer")
@@ -41,11 +40,8 @@ class SoftmaxAttention(Mixer):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         q, k = self.rotate_qk(self.q_norm(q), self.k_norm(k), x, ctx)
         v = self.rotate_values(v, ctx)
-        state = ctx.state
-        if state is not None:
-            if state.k is not None:
-                k, v = torch.cat([state.k, k], 1), torch.cat([state.v, v], 1)
-            state.k, state.v = k, v
+        if ctx.state is not None:
+            k, v = extend_cache(ctx, k=k, v=v)
         if ctx.cp_group is not None and self.pe is not None and self.pe.score_bias:
             # T5's and Transformer-XL's bias spans every key up to this slice: asked for once they are gathered
             scores = {"bias_for": lambda keys: self.scores(q, keys, ctx)["bias"]}

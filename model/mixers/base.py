@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from duality.kernels.attention import cumulative_log_decay, decayed_attention
+from duality.kernels.attention import cached_attention, cumulative_log_decay, decayed_attention
 from duality.kernels.attention.cp import decayed_attention_cp
 from duality.kernels.recurrences import delta_rule, gated, oja
 from duality.kernels.recurrences.cp import delta_rule_cp, gated_cp, oja_cp
@@ -103,14 +103,33 @@ class Mixer(nn.Module):
             if parallel not in CONTEXT_PARALLEL:
                 raise ValueError(f"no context-parallel form of {parallel.__name__}; those with one: "
                                  f"{sorted(f.__name__ for f in CONTEXT_PARALLEL)}")
-            return CONTEXT_PARALLEL[parallel](*args, group=ctx.cp_group, cu_seqlens=ctx.cu_seqlens)
-        if state is None:
-            return parallel(*args, cu_seqlens=ctx.cu_seqlens)[0] if ctx.cu_seqlens is not None else parallel(*args)[0]
-        if args[0].shape[1] == 1:
+            o = CONTEXT_PARALLEL[parallel](*args, group=ctx.cp_group, cu_seqlens=ctx.cu_seqlens)
+        elif state is None:
+            o = parallel(*args, cu_seqlens=ctx.cu_seqlens)[0] if ctx.cu_seqlens is not None else parallel(*args)[0]
+        elif args[0].shape[1] == 1:
             o, state.S = step(*args, S0=state.S)
         else:
             o, state.S = parallel(*args, S0=state.S, output_state=True)
-        return o
+        # in v's dtype, as FLA's kernels return it: the references accumulate in fp32, and an fp32 output met a
+        # bf16 output projection on a GPU (FLA's norm-gate keeps its input's dtype: issue #73)
+        return o.to(args[2].dtype)
+
+
+def extend_cache(ctx: Context, **new):
+    """Append this call's entries (k, v, c: [B, T, ...]) to the layer's KV cache and return the whole cache, in
+    keyword order. Growing caches are concatenated; fixed buffers (ctx.static, model/decode.py) are written in place
+    at positions offset .. offset+T-1 (a CUDA graph replays the same writes at the next position)."""
+    state = ctx.state
+    if ctx.static:
+        at = ctx.offset + torch.arange(next(iter(new.values())).shape[1], device=ctx.offset.device)
+        for name, x in new.items():
+            getattr(state, name).index_copy_(1, at, x.to(getattr(state, name).dtype))
+        return tuple(getattr(state, name) for name in new)
+    out = tuple(x if getattr(state, name) is None else torch.cat([getattr(state, name), x], 1)
+                for name, x in new.items())
+    for name, x in zip(new, out):
+        setattr(state, name, x)
+    return out
 
 
 def gated_attention(q, k, v, log_gate, ctx: Context, power: int | None = None):
@@ -120,19 +139,21 @@ def gated_attention(q, k, v, log_gate, ctx: Context, power: int | None = None):
     c = None if log_gate is None else cumulative_log_decay(log_gate)
     state = ctx.state
     if state is not None:
-        if c is not None and state.c is not None:
-            c = c + state.c[:, -1:]
-        if state.k is not None:
-            k, v = torch.cat([state.k, k], 1), torch.cat([state.v, v], 1)
-            c = None if c is None else torch.cat([state.c, c], 1)
-        state.k, state.v, state.c = k, v, c
+        if c is not None and state.c is not None:  # continue the running sum from the last cached token's
+            c = c + (state.c.index_select(1, (ctx.offset - 1).reshape(1)) if ctx.static else state.c[:, -1:])
+        if c is None:
+            k, v = extend_cache(ctx, k=k, v=v)
+        else:
+            k, v, c = extend_cache(ctx, k=k, v=v, c=c)
     return attention(q, k, v, ctx, log_decay=c, power=power)
 
 
 def attention(q, k, v, ctx: Context, **scores):
     """decayed_attention over the context's tokens: the whole sequence (packed documents with cu_seqlens, keys
-    from a KV cache), or under context parallelism this rank's queries against the keys of every slice up to its
-    own (kernels/attention/cp.py)."""
+    from a KV cache; a fixed buffer of keys when ctx.static, cached_attention), or under context parallelism this
+    rank's queries against the keys of every slice up to its own (kernels/attention/cp.py)."""
+    if ctx.static:
+        return cached_attention(q, k, v, ctx.offset, **scores)
     if ctx.cp_group is None:
         return decayed_attention(q, k, v, cu_seqlens=ctx.cu_seqlens, **scores)
     if scores.get("bias") is not None:  # a bias spans the keys of every slice: scores(keys)["bias"] is asked for

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from duality.kernels.recurrences import delta_rule, delta_rule_recurrent
+from duality.kernels.recurrences import delta_rule, delta_rule_step
 
 from ..core.context import TRAINING
 from ..core.layers import GatedOutput, ScalarDecay, ShortConv, l2norm, up
@@ -59,7 +59,7 @@ class _DeltaNet(Mixer):
         beta = self.beta_max * torch.sigmoid(up(b))
         g = self.decay(a) if self.gated else None
         q, k = self.rotate_qk(q, k, x, ctx)
-        o = self.recurrence(delta_rule, delta_rule_recurrent, (q, k, v, beta, self.dk ** -0.5, g), ctx)
+        o = self.recurrence(delta_rule, delta_rule_step, (q, k, v, beta, self.dk ** -0.5, g), ctx)
         return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from duality.kernels.recurrences import gated, gated_recurrent
+from duality.kernels.recurrences import gated, gated_step
 
 from ..core.context import TRAINING
 from ..core.layers import GatedOutput, LowRankGate, ShortConv, split_linear
@@ -65,7 +65,7 @@ class GLA(Mixer):
         q, k, v = q.view(B, T, H, self.dk), k.view(B, T, H, self.dk), v.view(B, T, H, self.dv)
         g = self.g_up(g_low)
         q, k = self.rotate_qk(q, k, x, ctx)
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.dk ** -0.5), ctx)
+        o = self.recurrence(gated, gated_step, (q, k, v, g, self.dk ** -0.5), ctx)
         return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from duality.kernels.recurrences import gated, gated_recurrent
+from duality.kernels.recurrences import gated, gated_step
 
 from ..core.context import TRAINING
 from ..core.layers import OUTPUT_NORM_EPS, residual_linear, split_linear
@@ -43,7 +43,7 @@ class LinearAttention(Mixer):
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim) for t in split_linear(x, self.qkv, [self.d_model] * 3))
         q, k = self.rotate_qk(q, k, x, ctx)
         g = q.new_zeros(B, T, self.n_heads, 1, dtype=torch.float32)  # no forget gate: log a_t = 0
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), ctx)
+        o = self.recurrence(gated, gated_step, (q, k, v, g, self.head_dim ** -0.5), ctx)
         return self.o_proj(self.o_norm(o.to(x.dtype)).reshape(B, T, self.d_model))
 
     def flops_per_token(self, seq_len):

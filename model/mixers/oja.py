@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from duality.kernels.recurrences import oja, oja_recurrent
+from duality.kernels.recurrences import oja, oja_step
 
 from ..core.context import TRAINING
 from ..core.layers import GatedOutput, LowRankGate, l2norm, split_linear, up
@@ -52,7 +52,7 @@ class GatedOja(Mixer):
         gv = self.g_up(g_low)
         beta = torch.sigmoid(up(b))
         q, k = self.rotate_qk(q, k, x, ctx)
-        o = self.recurrence(oja, oja_recurrent, (q, k, v, gv, beta, D ** -0.5), ctx)
+        o = self.recurrence(oja, oja_step, (q, k, v, gv, beta, D ** -0.5), ctx)
         return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):

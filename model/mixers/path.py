@@ -22,11 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from duality.common.errors import ConfigError
+from duality.kernels.attention import cached_attention
 from duality.kernels.path_attention import householder, path_attention
 
 from ..core.context import TRAINING
 from ..core.layers import ShortConv, l2norm, residual_linear, up
-from .base import Mixer, register
+from .base import Mixer, extend_cache, register
 
 
 class _PaTH(Mixer):
@@ -69,6 +70,8 @@ class _PaTH(Mixer):
         q, k = self.rotate_qk(q, k, x, ctx)
         if ctx.state is None:
             o = path_attention(q, k, v, w, beta, f)
+        elif ctx.static:
+            o = self._static_step(q, k, v, w, beta, f, ctx)
         else:
             o = self._step(q, k, v, w, beta, f, ctx.state)
         # o is in q's dtype (FLA's kernel and the reference alike): no cast to x's, which under autocast was a
@@ -96,7 +99,18 @@ class _PaTH(Mixer):
             if f is not None:
                 s = s + (ct[:, -1:] - ct).transpose(1, 2)
             outs.append(torch.einsum("bhj,bjhd->bhd", torch.softmax(s, -1), up(vt)))
-        return torch.stack(outs, 1)
+        return torch.stack(outs, 1).to(q.dtype)
+
+    def _static_step(self, q, k, v, w, beta, f, ctx):
+        """One token into fixed buffers (ctx.static, model/decode.py): every cached key moved by H_t in place (the
+        rows not yet written are zero and stay so), k_t written at its position, then attention over the buffer."""
+        state = ctx.state
+        state.k.copy_(householder(state.k, w, beta))
+        c = None if f is None else f + state.c.index_select(1, (ctx.offset - 1).reshape(1))
+        keys, values = extend_cache(ctx, k=up(k), v=v) if c is None else extend_cache(ctx, k=up(k), v=v, c=c)[:2]
+        o = cached_attention(up(q), keys, up(values), ctx.offset, log_decay=None if c is None else state.c,
+                             scale=1.0 / math.sqrt(self.head_dim))
+        return o.to(q.dtype)
 
     def flops_per_token(self, seq_len):
         # scores and p.v as softmax attention, plus the Householder transforms of q (and k) inside the kernel

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from duality.kernels.recurrences import gated, gated_recurrent
+from duality.kernels.recurrences import gated, gated_step
 
 from ..core.context import TRAINING
 from ..core.layers import GatedOutput, ScalarDecay, split_linear
@@ -50,7 +50,7 @@ class _ScalarDecay(Mixer):
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim) for t in qkv)
         g = self._log_gate(a, T)[..., None].expand(B, T, -1, -1)  # [B, T, H, 1]: one gate per head
         q, k = self.rotate_qk(q, k, x, ctx)
-        o = self.recurrence(gated, gated_recurrent, (q, k, v, g, self.head_dim ** -0.5), ctx)
+        o = self.recurrence(gated, gated_step, (q, k, v, g, self.head_dim ** -0.5), ctx)
         return self.out(o, gate if self.output_gate else None)
 
     def log_gate(self, x):

@@ -20,6 +20,8 @@ class Learned(PositionalScheme):
 
     def embed(self, x, ctx=TRAINING):
         T, offset, pos = x.shape[1], ctx.offset, ctx.positions(x.shape[1])  # packed documents: each from 0
+        if ctx.static:  # fixed decoding buffers: model/decode.py checked their length against the table's
+            return x + self.table[offset + torch.arange(T, device=x.device)].to(x.dtype)
         last = offset + T - 1 if pos is None else int(pos.max())
         if last >= self.table.shape[0]:
             raise ValueError(f"pe=learned has {self.table.shape[0]} positions; asked for position {last}. "

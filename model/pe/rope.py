@@ -45,7 +45,7 @@ class RoPE(PositionalScheme):
     def angles(self, T: int, offset: int, dim: int, device, positions=None, dtype=torch.float32) -> torch.Tensor:
         """phi [T, 1, dim/2] for positions offset .. offset+T-1, or the given positions [T] (broadcasts over batch
         and heads). device None: the default device."""
-        pos = torch.arange(offset, offset + T, device=device) if positions is None else positions
+        pos = offset + torch.arange(T, device=device) if positions is None else positions  # offset: int or 0-d
         return (pos.to(dtype)[:, None] * self.frequencies(dim, device).to(dtype)[None, :])[:, None, :]
 
     def rotate(self, q, k, x=None, ctx=TRAINING):
@@ -57,7 +57,8 @@ class RoPE(PositionalScheme):
         if q.is_cuda and positions is None and q.dtype != torch.float64 and not torch.compiler.is_compiling():
             return cumulative_rotation(q, k, None, self.frequencies(q.shape[-1], q.device).float(), offset - 1)[:2]
         table = getattr(self, "cos", None)
-        if positions is None and table is not None and table.dtype == torch.float64 and offset + T <= len(table):
+        if (positions is None and table is not None and table.dtype == torch.float64 and not ctx.static
+                and offset + T <= len(table)):
             cos, sin = self.cos[offset:offset + T], self.sin[offset:offset + T]
             return rotate_cos_sin(q, cos, sin), rotate_cos_sin(k, cos, sin)
         phi = self.angles(T, offset, q.shape[-1], q.device, positions, torch.promote_types(q.dtype, torch.float32))

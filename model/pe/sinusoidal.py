@@ -29,5 +29,5 @@ class Sinusoidal(PositionalScheme):
     def embed(self, x, ctx=TRAINING):
         pos = ctx.positions(x.shape[1])  # packed documents: each restarts at 0
         if pos is None:
-            pos = torch.arange(ctx.offset, ctx.offset + x.shape[1], device=x.device)
+            pos = ctx.offset + torch.arange(x.shape[1], device=x.device)  # offset: int or 0-d (decoding buffers)
         return x + sinusoid_table(pos, x.shape[-1], self.base).to(x.dtype)
