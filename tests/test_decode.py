@@ -50,6 +50,21 @@ def test_fixed_buffer_decoding_equals_the_parallel_forward(case):
     torch.testing.assert_close(_steps(m, idx, 11, fixed), full, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("backbone,pe", [("transformer", "alibi"), ("fox", "rope"), ("gla", "selective_rope"),
+                                         ("gated_deltanet", "rope"), ("path_fox", "nope"), ("transformer", "t5"),
+                                         ("sympow", "learned_rotation"), ("mamba2", "sinusoidal")])
+def test_a_prompt_prefilled_in_chunks_equals_one_forward(backbone, pe, monkeypatch):
+    """Prefill in chunks (decode.PREFILL_TOKENS over the batch; here 2 x 7 tokens) continues each chunk from the
+    state the one before left: the logits of the steps after it are the parallel forward's (float64, 1e-10)."""
+    from duality.model import decode
+    monkeypatch.setattr(decode, "PREFILL_TOKENS", 14)
+    m = _model(backbone, pe).double()
+    idx = torch.randint(0, 97, (2, 24))
+    with torch.no_grad():
+        full = m(idx)[0][:, 16:23]
+    torch.testing.assert_close(_steps(m, idx, 17, refusal(m) is None), full, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("backbone,pe", PAIRS)
 def test_generate_gives_transformers_generic_tokens(backbone, pe):
     """The repo's loop (DualityForCausalLM.generate's default) against transformers' own generate loop
