@@ -532,29 +532,25 @@ def test_decoding_step_kernels_match_the_references(name, dtype):
     assert _rel(o, want_o) < tol and _rel(S, want_S) < tol, (_rel(o, want_o), _rel(S, want_S))
 
 
-@pytest.mark.parametrize("backbone,pe", MATRIX)
-def test_every_pair_trains_exports_and_decodes_in_bf16(backbone, pe, tmp_path):
-    """Every accepted backbone x scheme (72) as a user takes it after training, at SMALL:
-    - a training step eager and compiled (scope blocks) from the same weights: finite, losses within 2e-2;
-    - saved in bf16 and loaded back with dtype="auto" (what from_pretrained(torch_dtype=bf16) and lm-eval's
-      dtype=bfloat16 give): bf16 weights on the GPU, the state of the 44 crashes of issue #73;
-    - decoding into fixed buffers, each step replayed from a CUDA graph (T5 / XL: a growing cache, eager), gives
-      the parallel forward's logits to bf16 rounding (3e-2 relative);
-    - greedy tokens of bf16 weights equal fp32's at every position where fp32's top-two margin exceeds 0.25 (the
-      head scaled so that logits have margins; bf16 moves a logit by ~0.03 here);
-    - the repo's generate loop equals transformers' own loop token for token in fp32 (no autocast), and bf16
-      generates."""
-    from transformers import AutoModelForCausalLM
-
+def _pair(backbone, pe):
+    """(fp32 model without autocast, its bf16 export loaded back) for the matrix tests: the head scaled so that the
+    logits have margins (greedy tokens then mean something at random init)."""
     from duality.hf import DualityConfig, DualityForCausalLM
-    from duality.model.decode import Decoder
-    from duality.model.gpt import compile_model
     torch.manual_seed(0)
     config = DualityConfig(backbone={"name": backbone}, pe={"name": pe}, model=dict(SMALL), vocab_size=512,
                            eos_token_id=0, pad_token_id=0, bos_token_id=0, autocast=None)
     fp32 = DualityForCausalLM(config).cuda()
     with torch.no_grad():
         fp32.model.lm_head.weight.mul_(10)
+    return fp32
+
+
+@pytest.mark.parametrize("backbone,pe", MATRIX)
+def test_every_pair_trains_eager_and_compiled(backbone, pe):
+    """Every accepted backbone x scheme (72) at SMALL: a training step eager and compiled (scope blocks) from the
+    same weights, bf16 autocast: finite losses and parameters, losses within 2e-2."""
+    from duality.model.gpt import compile_model
+    fp32 = _pair(backbone, pe)
     x = torch.randint(1, 512, (4, 129), device="cuda")
     losses = {}
     for name in ("eager", "compiled"):
@@ -569,11 +565,26 @@ def test_every_pair_trains_exports_and_decodes_in_bf16(backbone, pe, tmp_path):
         losses[name] = loss.item()
     assert abs(losses["eager"] - losses["compiled"]) < 2e-2 * losses["eager"], losses
 
-    fp32.eval()
+
+@pytest.mark.parametrize("backbone,pe", MATRIX)
+def test_every_pair_exports_and_decodes_in_bf16(backbone, pe, tmp_path):
+    """Every accepted backbone x scheme (72) as a user takes it after training, at SMALL:
+    - saved in bf16 and loaded back with dtype="auto" (what from_pretrained(torch_dtype=bf16) and lm-eval's
+      dtype=bfloat16 give): bf16 weights on the GPU, the state of the 44 crashes of issue #73;
+    - decoding into fixed buffers, each step replayed from a CUDA graph (T5 / XL: a growing cache, eager), gives
+      the parallel forward's logits to bf16 rounding (3e-2 relative);
+    - greedy tokens of bf16 weights equal fp32's at every position where fp32's top-two margin exceeds 0.25 (bf16
+      moves a logit by ~0.03 here);
+    - the repo's generate loop equals transformers' own loop token for token in fp32 (no autocast), and bf16
+      generates."""
+    from transformers import AutoModelForCausalLM
+
+    from duality.model.decode import Decoder
+    fp32 = _pair(backbone, pe).eval()
     copy.deepcopy(fp32).to(torch.bfloat16).save_pretrained(tmp_path)
     bf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype="auto").cuda().eval()
     assert bf.dtype == torch.bfloat16
-    idx = x[:2, :40]
+    idx = torch.randint(1, 512, (2, 40), device="cuda")
     with torch.no_grad():
         full, ref = bf(idx).logits.float()[:, 23:39], fp32(idx).logits.float()[:, 23:39]
     d = Decoder(bf.model, 40)
@@ -587,7 +598,26 @@ def test_every_pair_trains_exports_and_decodes_in_bf16(backbone, pe, tmp_path):
     assert clear.sum() >= 8, clear.sum()
     assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
 
-    prompt = x[:3, :9]
+    prompt = idx[:, :9].repeat(2, 1)[:3]
     kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False)
     assert torch.equal(fp32.generate(prompt, **kw), fp32.generate(prompt, fast_decoding=False, **kw))
     assert bf.generate(prompt, **kw).shape == (3, 19)
+
+
+@pytest.mark.parametrize("backbone", ["deltanet", "gated_deltanet"])
+@pytest.mark.parametrize("pe", ["nope", "rope", "learned_rotation"])
+def test_fused_delta_rule_step_equals_the_mixers_own(backbone, pe, monkeypatch):
+    """DeltaNet's decoding step with the L2 norms, beta and the decay inside FLA's kernel (delta_rule_step_fused)
+    gives the logits of the step that computes them in PyTorch, fp32, eager, 16 steps."""
+    from duality.model.decode import Decoder
+    from duality.model.mixers.delta_net import _DeltaNet
+    m = _pair(backbone, pe).model.eval()
+    idx = torch.randint(1, 512, (3, 30), device="cuda")
+    out = {}
+    for fused in (True, False):
+        monkeypatch.setattr(_DeltaNet, "fused_decoding", property(lambda self, f=fused: f))
+        d = Decoder(m, 30, graphs=False)
+        with torch.no_grad():
+            out[fused] = torch.stack([d.prefill(idx[:, :13])] + [d.step(idx[:, t:t + 1]).clone()
+                                                                 for t in range(13, 29)], 1)
+    assert _rel(out[True], out[False]) < 1e-4, _rel(out[True], out[False])

@@ -29,8 +29,9 @@ Three implementations of the same function:
   range. Away from the diagonal the power path's gate factorises, exp(c_i - c_j) = exp(c_i - c_r) exp(c_r - c_j)
   with r the block's last key (both factors <= 1), so it costs one multiply per score instead of an exponential. The
   interpreter runs the kernel on a CPU when TRITON_INTERPRET=1 (how CI tests it).
-- `cached_attention` (reference.py): queries at a position given as a tensor against a fixed buffer of keys, those
-  not yet written masked: the decoding step's form at one shape for every position (model/decode.py).
+- `cached_attention`: queries at a position given as a tensor against a fixed buffer of keys, those not yet written
+  masked: the decoding step's form at one shape for every position (model/decode.py). One query on CUDA: decode.py's
+  split-key kernel; else `cached_attention_reference` (SDPA with a mask over the buffer, or the power formula).
 - `decayed_attention`: the entry point. On CUDA the Triton kernel whenever there is a gate, slopes, a power or
   packed documents; plain causal softmax goes to torch's SDPA (cuDNN / FlashAttention); elsewhere the reference or
   SDPA with an explicit mask.
@@ -42,18 +43,19 @@ import math
 
 import torch
 
+from .decode import decode_attention, decode_ok
 from .kernel import CONFIG, INTERPRETER_CONFIG, _fused, _triton_ok
 from .reference import (
     _check,
     _sdpa,
-    cached_attention,
+    cached_attention_reference,
     cumulative_log_decay,
     decayed_attention_reference,
     log_weight_bias,
 )
 
-__all__ = ["CONFIG", "INTERPRETER_CONFIG", "cached_attention", "cumulative_log_decay", "decayed_attention",
-           "decayed_attention_reference", "log_weight_bias"]
+__all__ = ["CONFIG", "INTERPRETER_CONFIG", "cached_attention", "cached_attention_reference", "cumulative_log_decay",
+           "decayed_attention", "decayed_attention_reference", "log_weight_bias"]
 
 
 def decayed_attention(q, k, v, *, log_decay=None, slopes=None, bias=None, power=None, scale=None, cu_seqlens=None,
@@ -87,3 +89,21 @@ def decayed_attention(q, k, v, *, log_decay=None, slopes=None, bias=None, power=
                                         power=power, scale=scale, cu_seqlens=cu_seqlens)
         return o.to(q.dtype)
     return _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens)
+
+
+def cached_attention(q, k, v, offset, *, log_decay=None, slopes=None, bias=None, power=None, scale=None,
+                     impl: str | None = None):
+    """Queries at positions offset .. offset+Tq-1 (offset a 0-d tensor) against a fixed buffer of keys, those past
+    each query masked (reference.py: cached_attention_reference). impl: "triton" (decode.py's kernel: one query,
+    softmax, no bias), "torch", or default: the kernel where it applies on CUDA."""
+    if impl is None:
+        impl = "triton" if q.is_cuda and decode_ok(q, k, power, bias) else "torch"
+    if impl == "triton":
+        if not decode_ok(q, k, power, bias):
+            raise ValueError("cached_attention: impl='triton' needs one query, softmax scores without a bias, D in "
+                             "16/32/64/128, and CUDA or TRITON_INTERPRET=1")
+        return decode_attention(q, k, v, offset, log_decay=log_decay, slopes=slopes, scale=scale)
+    if impl != "torch":
+        raise ValueError(f"cached_attention: impl must be 'triton' or 'torch', got {impl!r}")
+    return cached_attention_reference(q, k, v, offset, log_decay=log_decay, slopes=slopes, bias=bias, power=power,
+                                      scale=scale)

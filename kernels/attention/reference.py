@@ -100,11 +100,12 @@ def _sdpa(q, k, v, log_decay, slopes, bias, scale, cu_seqlens):
     return o.to(q.dtype).transpose(1, 2)
 
 
-def cached_attention(q, k, v, offset, *, log_decay=None, slopes=None, bias=None, power=None, scale=None):
+def cached_attention_reference(q, k, v, offset, *, log_decay=None, slopes=None, bias=None, power=None, scale=None):
     """Decayed attention of queries at positions offset .. offset+Tq-1 (offset a 0-d tensor) against a fixed buffer
     of L keys at positions 0 .. L-1, those past each query not yet written (masked out): a KV-cache step at one
     shape whatever the position, so one CUDA graph replays every step (model/decode.py). Equal to
-    decayed_attention over the buffer's first offset+Tq keys (tests/kernels/test_attention.py)."""
+    decayed_attention over the buffer's first offset+Tq keys (tests/kernels/test_attention.py). Softmax through
+    SDPA with a mask over the buffer, the power path from its formula."""
     if bias is not None:
         raise ValueError("cached_attention: an additive bias b_ij (T5, Transformer-XL) is built for the keys' "
                          "positions relative to the last query; decode those schemes with a growing cache")

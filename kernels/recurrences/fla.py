@@ -138,3 +138,16 @@ def oja_step(q, k, v, gv, beta, scale, S0):
     q, k, v, gv, beta = _c(q, k, v, gv.float(), beta)
     return fused_recurrent_gated_oja_rule(q, k, v, gv=gv, beta=beta, scale=scale, initial_state=S0,
                                           output_final_state=True)
+
+
+def delta_rule_step_fused(q, k, v, b, a, scale, S0, beta_max: float = 1.0, A_log=None, dt_bias=None):
+    """delta_rule_step from the mixer's raw inputs, the rest inside FLA's kernel: q and k L2-normalised (eps 1e-6,
+    as model/core/layers.py's l2norm), beta = beta_max sigmoid(b) (beta_max 2: allow_neg_eigval), and with A_log
+    the decay g = -exp(A_log) softplus(a + dt_bias) (ScalarDecay); a None: no decay (DeltaNet)."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    q, k, v, b = _c(q, k, v, b)
+    gated = A_log is not None
+    return fused_recurrent_gated_delta_rule(
+        q, k, v, g=a.contiguous() if gated else None, beta=b, scale=scale, initial_state=S0, output_final_state=True,
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=gated, A_log=A_log, dt_bias=dt_bias,
+        use_beta_sigmoid_in_kernel=True, allow_neg_eigval=beta_max == 2.0)

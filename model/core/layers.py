@@ -28,6 +28,9 @@ def split_linear(x, linear: nn.Linear, sizes) -> list:
     view's whole buffer alive, so with one matmul the output gate that the norm-gate keeps held all of
     [q | k | v | gate] (4x the gate, every layer). Mixers also give q, k and v a part each: contiguous, so FLA's
     kernels keep them as they are instead of copying views of one buffer."""
+    if not torch.is_grad_enabled():  # inference keeps nothing for backward: one matmul (a decoding step of 370m
+        # GLA spent 0.4 of its 2.1 ms in the three extra launches, H200, docs/inference.md)
+        return list(F.linear(x, linear.weight, linear.bias).split(sizes, -1))
     device = x.device.type
     if torch.is_autocast_enabled(device) and not torch.compiler.is_compiling():
         # cast x once: autocast casts an fp32 input for every matmul, and backward would keep each copy
@@ -74,6 +77,10 @@ class ShortConv(nn.Module):
         if cache is not None:
             cache[name] = full[:, -(K - 1):]
         w = up(self.weight[:, 0])  # [D, K]; w[:, K - 1 - i] multiplies x_{t - i}
+        if T == 1 and cu_seqlens is None:  # a decoding step: the K inputs times the K taps, summed (three kernels
+            # where the loop below launches 3 K)
+            y = (up(full) * w.t()).sum(1, keepdim=True).to(x.dtype)
+            return F.silu(y) if self.activation else y
         # packed documents: tap i (lag i) reaches back only inside the token's document
         pos = None if cu_seqlens is None else document_positions(cu_seqlens, T)[None, :, None]
         y = 0

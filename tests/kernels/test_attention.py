@@ -188,3 +188,50 @@ def test_decayed_attention_sdpa_path_matches_formula(Tq, Tk, with_decay, with_bi
         ref[:, n] = torch.einsum("bhj,bjhd->bhd", torch.softmax(s, -1), v[:, : i + 1])
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(decayed_attention_reference(q, k, v, log_decay=log_decay, bias=bias), ref)
+
+
+@pytest.mark.parametrize("case", ["softmax", "fox", "alibi", "fox_alibi", "sympow2"])
+def test_cached_attention_over_a_buffer_equals_decayed_attention_over_its_filled_keys(case):
+    """cached_attention (queries at a position given as a tensor, keys in a fixed buffer whose later rows hold
+    garbage) equals decayed_attention over the first offset + Tq keys, float64, for one and for three queries."""
+    from duality.kernels.attention import cached_attention_reference
+    torch.manual_seed(0)
+    B, L, H, D = 2, 23, 3, 16
+    k, v = torch.randn(B, L, H, D, dtype=torch.float64), torch.randn(B, L, H, D, dtype=torch.float64)
+    c = torch.cumsum(torch.nn.functional.logsigmoid(torch.randn(B, L, H, dtype=torch.float64)), 1)
+    kw = {"log_decay": c if "fox" in case else None, "slopes": torch.rand(H, dtype=torch.float64)
+          if "alibi" in case else None, "power": 2 if case == "sympow2" else None}
+    for pos, Tq in ((9, 1), (14, 3), (0, 1)):
+        q = torch.randn(B, Tq, H, D, dtype=torch.float64)
+        n = pos + Tq
+        want = decayed_attention(q, k[:, :n], v[:, :n], impl="torch",
+                                 **{**kw, "log_decay": None if kw["log_decay"] is None else c[:, :n]})
+        got = cached_attention_reference(q, k, v, torch.tensor(pos), **kw)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@interp
+@pytest.mark.parametrize("case", ["softmax", "fox", "alibi"])
+@pytest.mark.parametrize("L,pos", [(200, 0), (200, 130), (200, 199), (77, 40)])
+def test_decode_kernel_matches_the_reference(case, L, pos):
+    """decode.py's split-key kernel (interpreter on a CPU) against cached_attention_reference: one query at `pos` of
+    a buffer of L keys whose rows past pos are garbage (never read), splits that end before, at and after pos, in
+    fp32 and bf16."""
+    from duality.kernels.attention import cached_attention, cached_attention_reference
+    from duality.kernels.attention import decode as dec
+    torch.manual_seed(1)
+    B, H, D = 2, 3, 32
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        q = torch.randn(B, 1, H, D, device=DEV).to(dtype)
+        k, v = (torch.randn(B, L, H, D, device=DEV).to(dtype) for _ in range(2))
+        c = torch.cumsum(torch.nn.functional.logsigmoid(torch.randn(B, L, H, device=DEV)), 1)
+        kw = {"log_decay": c if case == "fox" else None, "slopes": torch.rand(H, device=DEV) if case == "alibi"
+              else None}
+        offset = torch.tensor(pos, device=DEV)
+        want = cached_attention_reference(q.double(), k.double(), v.double(), offset, **{
+            n: (x.double() if x is not None else None) for n, x in kw.items()})
+        got = cached_attention(q, k, v, offset, impl="triton", **kw)
+        assert got.dtype == dtype and got.shape == q.shape
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < tol, (dtype, err)
+    assert dec.decode_ok(q, k) and not dec.decode_ok(q, k, power=2) and not dec.decode_ok(q.expand(B, 2, H, D), k)
