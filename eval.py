@@ -97,7 +97,7 @@ def sample(model, tok, cfg, device, autocast) -> dict:
     prompt = torch.tensor([ids or [tok.eot_id]], device=device)
     gen = torch.Generator(device).manual_seed(cfg.seed)
     with autocast:
-        out = model.generate(prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator=gen)
+        out = model.generate(prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator=gen, top_p=cfg.top_p)
     text = tok.decode(out[0].tolist())
     print(text)
     return {"prompt": cfg.prompt, "text": text}

@@ -55,9 +55,10 @@ GLA_LEVERS = DOCS / "throughput/gla_levers_h200_2026-11-28.json"  # quack's inpu
 GLA_DV = DOCS / "throughput/gla_dv_h200_2026-11-28.json"  # GLA backward's value gradient on tensor cores
 GDN_V = DOCS / "throughput/gdn_v_h200_2026-11-28.json"  # DeltaNet's v convolved apart (reverted)
 # decoding (scripts/bench_decode.py): the grid; GLA and the transformer again with FLA's GLA (the grid's run stopped at
-# its time limit before them); FLA's GLA beside ours in one process
+# its time limit before them); FLA's GLA beside ours in one process; batch 1 after the decoding steps' kernels
+DECODE_FLA = DOCS / "inference/decode_fla_h200_2026-11-29.json"
 DECODE = [DOCS / "inference/decode_h200_2026-11-29.json", DOCS / "inference/decode_peers_h200_2026-11-29.json",
-          DOCS / "inference/decode_fla_h200_2026-11-29.json"]
+          DECODE_FLA, DOCS / "inference/decode_after_h200_2026-11-29.json"]
 PEERS_H200 = DOCS / "throughput/peers_h200_2026-11-28.json"  # GLA, Gated DeltaNet against FLA's; the profiles
 QUACK_PARITY = DOCS / "throughput/quack_parity_370m_2xh200_2026-11-28.json"
 EAGER_PARITY = DOCS / "throughput/eager_parity_370m_4xh200_2026-11-28.json"  # the protocol's same-math control
@@ -688,9 +689,9 @@ def summary_table() -> str:
     f13 = load(FSDP_1_3B)
     rows.append(("1.3B under FSDP2, 2 GPUs against 1", f"{speed:.2f}×, {mem2:.1f} GiB a GPU against {mem1:.1f}",
                  f"{short_device(f13['device'])}, {f13['date']}", "docs/multi_gpu/README.md"))
-    fla = {(r["case"], r["batch"]): r for r in load(DECODE[-1])["rows"]}
+    fla = {(r["case"], r["batch"]): r for r in load(DECODE_FLA)["rows"]}
     grid = {(r["case"], r["batch"], r["prompt"]): r for r in load(DECODE[0])["rows"]}
-    dec_rec = load(DECODE[-1])
+    dec_rec = load(DECODE_FLA)
     rows.append(("Greedy decoding, 370m, bf16, 512-token prompt (`generate`; GLA against FLA's `GLAForCausalLM`)",
                  f"GLA {grid[('gla', 1, 512)]['tokens_per_s']:,.0f} tokens/s at batch 1, "
                  f"{grid[('gla', 32, 512)]['tokens_per_s']:,.0f} at batch 32; "
@@ -705,8 +706,8 @@ def summary_table() -> str:
 def decode_table() -> str:
     """Every decoding measurement (scripts/bench_decode.py's records): ms a new token, tokens/s, prefill time and
     peak memory by case, batch and prompt length."""
-    lines = ["| case | batch | prompt | ms / token | tokens/s | prefill ms | peak GiB | record |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| case | batch | prompt | ms / token | tokens/s | prefill ms | peak GiB | commit | record |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for path in DECODE:
         rec = load(path)
         for r in rec["rows"]:
@@ -714,7 +715,7 @@ def decode_table() -> str:
                      [f"{r['ms_per_token']:.2f}", f"{r['tokens_per_s']:,.0f}", f"{r['prefill_ms']:,.0f}",
                       f"{r['peak_gib']:.1f}"])
             lines.append(f"| {r['case']} | {r['batch']} | {r['prompt']:,} | " + " | ".join(cells)
-                         + f" | {link(rel(path), path.name)} |")
+                         + f" | {rec['commit']} | {link(rel(path), path.name)} |")
     return "\n".join(lines)
 
 
