@@ -162,9 +162,37 @@ def data_config(cfg, ckpt) -> dict:
     return ckpt["config"]["data"]
 
 
+def check_options(cfg) -> None:
+    """Every numeric option in range, before any checkpoint is read (a ConfigError naming the option and its range):
+    micro_batch=0 ended in a traceback, micro_batch=-3 reported a loss of 0, temperature=-1 sampled garbage."""
+    def need(key, ok, what):
+        value = OmegaConf.select(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key}={value!r}: must be {what}")
+    from omegaconf import OmegaConf
+    pos = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    need("micro_batch", pos, "an integer >= 1")
+    need("eval_tokens", pos, "an integer >= 1")
+    need("seq_len", lambda v: v is None or pos(v), "null (the training context) or an integer >= 1")
+    need("max_new_tokens", pos, "an integer >= 1")
+    need("temperature", lambda v: isinstance(v, (int, float)) and v >= 0, "a number >= 0 (0: greedy)")
+    need("top_k", lambda v: v is None or pos(v), "null (no limit) or an integer >= 1")
+    need("top_p", lambda v: v is None or (isinstance(v, (int, float)) and 0 < v <= 1), "null or in (0, 1]")
+    need("lm_eval.batch_size", lambda v: pos(v) or v == "auto" or (isinstance(v, str) and v.startswith("auto:")),
+         "an integer >= 1 or auto")
+    need("lm_eval.limit", lambda v: v is None or (isinstance(v, (int, float)) and v > 0), "null or > 0")
+    need("lm_eval.max_length", lambda v: v is None or pos(v), "null (the training context) or an integer >= 1")
+    need("position_loss.length", lambda v: v is None or (pos(v) and v >= 2), "null or an integer >= 2")
+    need("position_loss.max_windows", pos, "an integer >= 1")
+    need("position_loss.chunk", pos, "an integer >= 1")
+    need("kernel.length", lambda v: pos(v) and v >= 2, "an integer >= 2")
+    need("kernel.layer", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+
+
 def run(cfg) -> dict:
     if cfg.mode not in MODES:
         raise ConfigError(f"mode={cfg.mode!r}; valid choices: {list(MODES)}")
+    check_options(cfg)
     paths = [] if cfg.ckpt is None else [cfg.ckpt] if isinstance(cfg.ckpt, str) else list(cfg.ckpt)
     if not paths and cfg.mode != "kernel":
         raise ConfigError("ckpt=<path> is required (a step_*.pt file, a checkpoints/ folder, a run's out_dir, or a "

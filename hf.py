@@ -332,6 +332,9 @@ def export(ckpt, out, dtype: str = "float32") -> Path:
         what = "a file" if not out.is_dir() else f"holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}"
         raise ConfigError(f"out={out} is not an earlier export of this repo ({what}; no {EXPORT_MARKER}): export "
                           "replaces only its own folders; choose another out")
+    if out.is_dir() and (added := sorted(p.name for p in out.iterdir() if not _written_by_export(p.name))):
+        raise ConfigError(f"out={out} is an earlier export that now also holds {', '.join(added[:5])}, which "
+                          "export did not write and would delete with the folder: move them, or choose another out")
     source_path, source = read_checkpoint(ckpt)
     model, tokenizer = DualityForCausalLM.from_checkpoint_dict(source_path, source)
     model.to(getattr(torch, dtype))
@@ -378,8 +381,16 @@ def is_export(folder: Path) -> bool:
         typed = json.loads((folder / "config.json").read_text()).get("model_type") == DualityConfig.model_type
     except (OSError, ValueError):
         return False
-    return typed and names <= {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                               "tokenizer_config.json", "special_tokens_map.json", f"{REMOTE_MODULE}.py"}
+    return typed and all(_written_by_export(n) for n in names)
+
+
+def _written_by_export(name: str) -> bool:
+    """A file name that export (transformers' save_pretrained, the tokenizer, the marker) writes into its folder."""
+    import fnmatch
+    return name in {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", EXPORT_MARKER,
+                    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "model.safetensors.index.json", f"{REMOTE_MODULE}.py"} or fnmatch.fnmatch(name,
+                                                                                 "model-*-of-*.safetensors")
 
 
 AutoConfig.register(DualityConfig.model_type, DualityConfig, exist_ok=True)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from duality.common.cli import cli
 from duality.model import build_model
 from duality.trainer import objective as objectives
-from duality.trainer.checkpoint import Checkpointer, RunLock, find_resume, load_weights
+from duality.trainer.checkpoint import Checkpointer, RunLock, find_resume, load_weights, schedule_horizon
 from duality.trainer.config import check_config
 from duality.trainer.guard import NonFiniteGuard
 from duality.trainer.logger import Logger, StepMeter, default_out_dir
@@ -59,8 +59,10 @@ def run(cfg) -> dict:
         model.set_activation_checkpointing(t.activation_checkpointing, t.compile, t.compile_mode)  # pre-compile, FSDP
         rt.prepare(model)
         optimizer = make_optimizer(model, cfg.optim, fused=rt.cuda)
-        scheduler = make_schedule(optimizer, cfg.optim, steps)
-        meta = {"config": run_cfg, "tokenizer": objective.tokenizer.to_dict(), "vocab_size": objective.vocab_size}
+        horizon = schedule_horizon(ckpt, cfg, steps)  # on resume: the checkpoint's, unless resume_changes says
+        scheduler = make_schedule(optimizer, cfg.optim, horizon)
+        meta = {"config": run_cfg, "tokenizer": objective.tokenizer.to_dict(), "vocab_size": objective.vocab_size,
+                "schedule_steps": horizon}
         saver = Checkpointer(out_dir, rt, model, optimizer, scheduler, meta, t.keep_checkpoints, ckpt_path,
                              t.checkpoint_format, t.async_checkpoint)
         start = saver.restore(ckpt, cfg.seed)

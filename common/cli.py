@@ -47,6 +47,16 @@ def _register_launcher():
     Plugins.instance().class_name_to_class.setdefault(name, GPUsLauncher)
 
 
+# what gloo and NCCL say when the process at the other end of a collective is gone
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "remote process exited or there was a network error")
+
+
+def lost_peer(e: BaseException) -> bool:
+    """A collective failed because another rank's process ended (kill -9, the OOM killer): under torchrun only."""
+    return "LOCAL_RANK" in os.environ and any(m in str(e) for m in LOST_PEER)
+
+
 def cli(run_fn, config_name: str, script: str | None = None):
     import hydra
     from omegaconf import OmegaConf
@@ -65,6 +75,12 @@ def cli(run_fn, config_name: str, script: str | None = None):
                 print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         except (OSError, RuntimeError) as e:  # a place that cannot be written: one line, the path and the cause
+            if lost_peer(e):
+                print(f"error: rank {os.environ.get('RANK', '?')}: another process of this run ended (killed, or out "
+                      "of memory): its collective failed here. torchrun stops the others and names the lost rank "
+                      "below ('Root Cause'); run again (resume=auto) to go on from the last checkpoint",
+                      file=sys.stderr)
+                sys.exit(1)
             if (cause := storage_cause(e)) is None:
                 raise
             print(f"error: {describe_storage(cause)}", file=sys.stderr)

@@ -23,6 +23,10 @@ def atomic_path(path, suffix: str = ""):
         with open(tmp, "rb+") as f:  # on disk before the rename, so the rename never exposes an empty file
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename is None:  # a write that failed (a full disk) says which file: errors name their path
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -94,13 +94,27 @@ def _changes(then: list | None, now: list) -> str:
     return "source files " + ", ".join(x for x in parts if not x.startswith("0 "))
 
 
+def _read_json(path: Path):
+    """A data cache's JSON file, or a ShardError that names it and the way out (it was damaged after prepare()
+    wrote it: each is written atomically)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ShardError(f"{path} is unreadable ({type(e).__name__}: {str(e)[:100]}): the data cache is damaged; "
+                         f"delete {path.parent} and it is prepared again") from None
+
+
 def open_prepared(d: Path) -> DataInfo:
     """A folder that prepare() wrote (its meta.json, tokenizer.json and shards), as prepare() returns it."""
     d = Path(d)
-    meta = json.loads((d / "meta.json").read_text())
-    tok = Tokenizer.from_dict(json.loads((d / "tokenizer.json").read_text()))
-    return DataInfo([str(d / s) for s in meta["train"]], [str(d / s) for s in meta["val"]], tok,
-                    meta["n_train_tokens"], meta["n_val_tokens"], str(d))
+    meta = _read_json(d / "meta.json")
+    tok = Tokenizer.from_dict(_read_json(d / "tokenizer.json"))
+    try:
+        return DataInfo([str(d / s) for s in meta["train"]], [str(d / s) for s in meta["val"]], tok,
+                        meta["n_train_tokens"], meta["n_val_tokens"], str(d))
+    except (KeyError, TypeError) as e:
+        raise ShardError(f"{d / 'meta.json'} is not what prepare() writes (no {e}): the data cache is damaged; "
+                         f"delete {d} and it is prepared again") from None
 
 
 # ---------------------------------------------------------------------------------- tokenization (worker processes)
@@ -194,7 +208,7 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
     d = Path(cfg.get("cache_dir") or "cache") / f"{name}-{_key(cfg)}"
     sources = FINGERPRINTS[name](cfg) if name in FINGERPRINTS else None
     if sources is not None and d.is_dir() and any(d.iterdir()):
-        then = json.loads((d / "sources.json").read_text()) if (d / "sources.json").exists() else None
+        then = _read_json(d / "sources.json") if (d / "sources.json").exists() else None
         if then != sources:
             print(f"data={name}: {_changes(then, sources)} since {d} was prepared: preparing it again",
                   file=sys.stderr)
@@ -207,7 +221,7 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
     every = int(cfg.get("val_every", 20))
     docs = SOURCES[name](cfg)
     if (d / "tokenizer.json").exists():  # an interrupted run: its shards were written with this tokenizer
-        tok = Tokenizer.from_dict(json.loads((d / "tokenizer.json").read_text()))
+        tok = Tokenizer.from_dict(_read_json(d / "tokenizer.json"))
     else:
         kind = cfg.get("tokenizer", "bpe")
         train_docs = None

@@ -39,6 +39,15 @@ def data_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("cache"))
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A prepared data cache (one training step made it), so that subprocesses do not prepare it concurrently."""
+    from duality import train as train_lib
+    d = tmp_path_factory.mktemp("cache")
+    train_lib.run(compose(tiny_overrides(tmp_path_factory.mktemp("warm"), str(d), "train.steps=1")))
+    return str(d)
+
+
 def metrics_rows(out_dir) -> list[dict]:
     """Every row a run logged to out_dir/metrics.jsonl."""
     return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -1,5 +1,5 @@
-"""Graceful stop on SIGTERM / SIGINT / SIGUSR1 (trainer/preempt.py): real signals to a real train.py, then the resumed
-run's losses against an uninterrupted one's."""
+"""Graceful stop on SIGTERM / SIGINT / SIGUSR1 / SIGHUP (trainer/preempt.py): real signals to a real train.py, then
+the resumed run's losses against an uninterrupted one's."""
 
 import os
 import signal
@@ -50,7 +50,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP])
 def test_a_signal_checkpoints_the_step_exits_0_and_the_resumed_run_matches(tmp_path, reference, sig):
     cache, ref = reference
     out = tmp_path / "run"

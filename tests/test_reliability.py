@@ -33,14 +33,6 @@ def _popen(cmd):
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A prepared data cache, so that the subprocesses below do not prepare it concurrently."""
-    d = tmp_path_factory.mktemp("cache")
-    train_lib.run(compose(tiny_overrides(tmp_path_factory.mktemp("warm"), str(d), "train.steps=1")))
-    return str(d)
-
-
 @pytest.mark.slow
 def test_two_runs_in_one_out_dir_exactly_one_trains(tmp_path, cache):
     out = tmp_path / "run"

@@ -207,14 +207,40 @@ def resolve_checkpoint(path: Path, tensors: bool = True) -> tuple[Path | None, d
     return None, None
 
 
+def check_shards(path: Path) -> None:
+    """A sharded checkpoint's files are all there and long enough for what its .metadata says they hold (a shard
+    deleted or cut short by a copy or a full disk): a ConfigError naming the first that is not. Reads no tensor."""
+    from torch.distributed.checkpoint import FileSystemReader
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data
+    except Exception as e:
+        raise ConfigError(f"cannot read {path / '.metadata'}: {type(e).__name__}: {e}") from None
+    need: dict[str, int] = {}
+    for info in storage.values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        shard = path / name
+        if not shard.is_file():
+            raise ConfigError(f"its shard {name} is missing")
+        if shard.stat().st_size < size:
+            raise ConfigError(f"its shard {name} is cut short ({shard.stat().st_size:,} of {size:,} bytes)")
+
+
 def load_checkpoint(path: Path, tensors: bool = True) -> dict:
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+    if path.is_dir() and is_sharded(path):
+        try:
+            check_shards(path)
+        except ConfigError as e:
+            raise ConfigError(f"cannot read checkpoint {path}: {e}") from None
     try:
         if path.is_dir() and not tensors:  # the run reads the shards itself, into its own layout
             ckpt = {**torch.load(path / "meta.pt", map_location="cpu", weights_only=False), "sharded": str(path)}
         else:
             ckpt = read_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+    except (Exception, CheckpointException) as e:
+        first = (str(e).splitlines() or [""])[0][:300]
+        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {first}") from None
     need = {"step", "config", "tokenizer"} | ({"model"} if "sharded" not in ckpt else set())
     missing = need - set(ckpt) if isinstance(ckpt, dict) else {"everything"}
     if missing:
@@ -294,7 +320,8 @@ class RunLock:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
-            if not any(self.out_dir.iterdir()):  # a run that failed before writing anything leaves no folder
+            # a run that failed before writing anything leaves no folder (and one whose folder was removed, none)
+            if self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
                 self.out_dir.rmdir()
 
 
@@ -316,6 +343,9 @@ def load_weights(model, state: dict, path) -> None:
     model.load_state_dict(state)
 
 
+RESUME_CHANGES = ("seed", "train.steps")  # what resume_changes may name
+
+
 def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
     from omegaconf import OmegaConf
 
@@ -333,6 +363,9 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
             raise ConfigError(f"cannot resume from {group} config {then}: this run's is {now}; use another out_dir "
                               "(or resume=never in an empty one)")
     allowed = list(cfg.get("resume_changes") or [])
+    if unknown := sorted(set(allowed) - set(RESUME_CHANGES)):
+        raise ConfigError(f"resume_changes={allowed}: {unknown} cannot be changed on resume; valid: "
+                          f"{list(RESUME_CHANGES)} (every other key of the checkpoint's config must match)")
     then, now = ckpt_cfg.get("seed"), cfg.get("seed")
     if then is not None and then != now and "seed" not in allowed:  # it sets the data order: the run would change
         raise ConfigError(f"cannot resume: seed was {then}, now {now}; the seed sets the data order and the RNG "
@@ -342,6 +375,34 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
         if ckpt_cfg["train"].get(key) != cfg.train.get(key):
             raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'].get(key)}, now {cfg.train.get(key)} "
                               "(the data position is counted in global batches)")
+
+
+def schedule_horizon(ckpt: dict | None, cfg, steps: int) -> int:
+    """The steps the learning-rate schedule (warmup, decay, floor) is laid out over: this run's `steps`, or on resume
+    the checkpoint's horizon. A resume with another train.steps keeps the checkpoint's horizon, so the lr never jumps
+    (past it the lr stays at its floor), and says so; resume_changes=[train.steps] lays the schedule out over the new
+    length instead, and says how the lr moves. (A finished 40-step run resumed to 400 steps restarted its schedule:
+    the lr went from 3.0e-4 to 3.0e-3 at step 42, without a word.)"""
+    if ckpt is None:
+        return steps
+    then = ckpt.get("schedule_steps") or ckpt["config"]["train"].get("steps")
+    if then is None or then == steps:
+        return steps
+    from .optim import lr_lambda
+    o, step = cfg.optim, ckpt["step"]
+    lr_then, lr_now = (o.lr * lr_lambda(o, n)(step) for n in (then, steps))
+    say = os.environ.get("RANK", "0") == "0"
+    if "train.steps" in list(cfg.get("resume_changes") or []):
+        if say:
+            print(f"resume: the {o.schedule} schedule is laid out over {steps} steps instead of {then} "
+                  f"(resume_changes=[train.steps]): at step {step} the lr goes from {lr_then:.3g} to {lr_now:.3g}",
+                  file=sys.stderr)
+        return steps
+    if say:
+        print(f"resume: train.steps is {steps}, the checkpoint's schedule was laid out over {then}: it keeps that "
+              f"horizon (the lr stays at {o.lr * lr_lambda(o, then)(then):.3g} past step {then}); "
+              f"resume_changes=[train.steps] lays it out over {steps} steps instead", file=sys.stderr)
+    return then
 
 
 def newest_checkpoint(path) -> Path:
@@ -458,13 +519,15 @@ class Checkpointer:
         its own tensors need (its FSDP shards, or the whole tensors under DDP), whatever world size and strategy
         wrote it; nothing is assembled whole in one place."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # the templates: this run's own layout
         state = {"model": model_sd, "optimizer": optim_sd}
         try:
             with one_process_quiet():
                 dcp.load(state, checkpoint_id=folder, no_dist=not self.rt.distributed)
-        except Exception as e:  # a parameter the checkpoint lacks: written by another version of a mixer
+        except (Exception, CheckpointException) as e:  # a parameter the checkpoint lacks (another version of a
+            # mixer), or a shard damaged after the run chose it
             raise ConfigError(f"{folder}: its state does not fit this code's model and optimizer (written by another "
                               f"version?): {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
@@ -492,6 +555,12 @@ class Checkpointer:
             else:
                 rt.load_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
             self.scheduler.load_state_dict(ckpt["scheduler"])
+            # the next step's lr from this run's schedule (its optimizer state kept the checkpoint's, and a resume
+            # may lay the schedule out anew: schedule_horizon); the same value when it is unchanged
+            sch = self.scheduler
+            for group, lam, base in zip(self.optimizer.param_groups, sch.lr_lambdas, sch.base_lrs):
+                group["lr"] = base * lam(sch.last_epoch)
+            sch._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr() reads
             if ckpt["world_size"] == rt.world:
                 set_rng_state(ckpt["rng"][rt.rank])
                 return ckpt["step"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from duality.common.errors import StorageError
 from duality.common.io import write_atomic
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
@@ -46,7 +47,9 @@ class Logger:
         self.enabled, self.wandb, self.wandb_from = enabled, None, 0
         if enabled:
             self._truncate(out_dir / "metrics.jsonl", start_step)
-        self.file = open(out_dir / "metrics.jsonl", "a") if enabled else None
+        self.path = out_dir / "metrics.jsonl"
+        self.file = open(self.path, "a") if enabled else None
+        self.inode = os.fstat(self.file.fileno()).st_ino if enabled else None
         if not enabled or cfg.logger.mode == "disabled":
             return
         from omegaconf import OmegaConf
@@ -66,12 +69,14 @@ class Logger:
         run logs those steps again, and the file keeps one row per step and kind."""
         if not path.exists():
             return
-        lines = path.read_text().splitlines()
+        # bytes that are not UTF-8 (a line garbled on disk) become U+FFFD: their line fails to parse and goes
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         def row(ln):
             try:
-                return json.loads(ln)
+                r = json.loads(ln)
             except ValueError:
                 return None  # a line cut short by the kill
+            return r if isinstance(r, dict) else None
         keep = [ln for ln in lines if (r := row(ln)) is not None and r.get("step", 0) <= step]
         if len(keep) != len(lines):
             write_atomic(path, "".join(ln + "\n" for ln in keep))
@@ -83,8 +88,20 @@ class Logger:
     def log(self, row: dict):
         if not self.enabled:
             return
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
+        try:  # the file this run writes is still the one at its path: out_dir was not removed or replaced
+            here = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            here = None
+        if here != self.inode:
+            raise StorageError(f"{self.path.parent} was {'removed' if here is None else 'replaced'} while this run "
+                               f"was writing to it (noticed at step {row['step']}): its checkpoints and metrics "
+                               "there are gone, and this run writes nothing into a folder it no longer holds; "
+                               "stopping. Start again, in a new out_dir or with resume=auto where a checkpoint is")
+        try:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: the error names the file (train.py then says it in one line)
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
         if self.wandb is not None and row["step"] >= self.wandb_from:
             self.wandb.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=row["step"])
 

@@ -28,7 +28,7 @@ def lr_lambda(o, total: int):
             return 1.0 - (1 - lo) * min(1.0, (step - warm) / max(1, total - warm))
         if o.schedule == "wsd":
             start = total - int(o.decay_fraction * total)
-            return 1.0 if step < start else 1.0 - (1 - lo) * (step - start) / max(1, total - start)
+            return 1.0 if step < start else 1.0 - (1 - lo) * min(1.0, (step - start) / max(1, total - start))
         return 1.0
     return f
 

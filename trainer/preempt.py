@@ -33,6 +33,8 @@ class StopSignals:
         self.names, self.received, self._old = check_signals(names), None, {}
         if threading.current_thread() is threading.main_thread():  # Python lets only the main thread install them
             for name in self.names:
+                if name == "SIGHUP" and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+                    continue  # nohup: the user asked for the run to outlive the terminal
                 self._old[name] = signal.signal(getattr(signal, name), self._note)
 
     def _note(self, signum, _frame):
