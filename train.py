@@ -141,7 +141,7 @@ def run(cfg) -> dict:
     finally:
         if lock is not None:
             lock.release()
-        stop.restore()
+        stop.close()
 
 
 def main():

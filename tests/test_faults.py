@@ -264,3 +264,47 @@ def test_a_full_disk_names_the_file_it_was_writing(tmp_path, monkeypatch):
     with pytest.raises(OSError) as e:
         log.log({"step": 1, "loss": 1.0})
     assert e.value.filename == str(tmp_path / "metrics.jsonl") and e.value.errno == errno.ENOSPC
+
+
+@pytest.mark.slow
+def test_two_sigterms_50_ms_apart_stop_once_with_one_checkpoint(tmp_path, cache):
+    """The catalogue's good case kept: a second SIGTERM 50 ms after the first (a scheduler repeating itself) is
+    noted, not raised; the run checkpoints the step once and exits 0, and resumes from it."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "train.py", *tiny_overrides(out, cache, "train.steps=100000", "train.ckpt_interval=100000")]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.05)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    stdout, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert stdout.count("stopped after this step: checkpointed") == 1
+    ckpts = sorted((out / "checkpoints").glob("step_*.pt"))
+    step = max(r["step"] for r in metrics_rows(out) if "loss" in r)
+    assert [c.name for c in ckpts] == [f"step_{step:07d}.pt"] and not (out / "run.lock").exists()
+
+
+@pytest.mark.slow
+def test_kill_9_during_sharded_checkpoints_resumes(tmp_path, cache):
+    """The catalogue's good case kept: kill -9 of a run writing a sharded checkpoint every step; the resume takes
+    the newest complete one (a half-written folder is never taken) and goes on."""
+    out = tmp_path / "run"
+    args = tiny_overrides(out, cache, "train.steps=100000", "train.ckpt_interval=1", "train.keep_checkpoints=2",
+                          SHARDED)
+    p = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(metrics_rows(out) if (out / "metrics.jsonl").exists() else []) < 8:
+        time.sleep(0.02)
+    p.kill()
+    p.communicate(timeout=60)
+    r = subprocess.run([sys.executable, "train.py", *args, "train.time_limit=1"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "resuming at step" in r.stdout and "checkpointed" in r.stdout
+    steps = [x["step"] for x in metrics_rows(out) if "loss" in x]
+    assert steps == list(range(1, max(steps) + 1))  # one row per step across the kill
