@@ -59,10 +59,8 @@ def run(cfg) -> dict:
         model.set_activation_checkpointing(t.activation_checkpointing, t.compile, t.compile_mode)  # pre-compile, FSDP
         rt.prepare(model)
         optimizer = make_optimizer(model, cfg.optim, fused=rt.cuda)
-        horizon = schedule_horizon(ckpt, cfg, steps)  # on resume: the checkpoint's, unless resume_changes says
-        scheduler = make_schedule(optimizer, cfg.optim, horizon)
-        meta = {"config": run_cfg, "tokenizer": objective.tokenizer.to_dict(), "vocab_size": objective.vocab_size,
-                "schedule_steps": horizon}
+        scheduler = make_schedule(optimizer, cfg.optim, schedule_horizon(ckpt, cfg, steps))  # resume: its horizon
+        meta = {"config": run_cfg, "tokenizer": objective.tokenizer.to_dict(), "vocab_size": objective.vocab_size}
         saver = Checkpointer(out_dir, rt, model, optimizer, scheduler, meta, t.keep_checkpoints, ckpt_path,
                              t.checkpoint_format, t.async_checkpoint)
         start = saver.restore(ckpt, cfg.seed)

@@ -42,7 +42,10 @@ def make_optimizer(model, o, fused: bool):
 
 
 def make_schedule(optimizer, o, total: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, total))
+    """The schedule laid out over `total` steps (its `horizon`, which checkpoints keep: schedule_horizon)."""
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, total))
+    scheduler.horizon = total
+    return scheduler
 
 
 def train_step(train_model, micro_batches, accum: int, optimizer, scheduler, autocast, grad_clip: float | None,
