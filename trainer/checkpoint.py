@@ -492,7 +492,8 @@ class Checkpointer:
         rngs = rt.gather_objects(rng_state())
         meta = {"step": step, "strategy": "fsdp" if rt.fsdp else "ddp", "scheduler": self.scheduler.state_dict(),
                 "rng": rngs, "world_size": rt.world, "wandb_id": wandb_id, "stopped_at_acc": stopped_at_acc,
-                "nonfinite_skipped": self.nonfinite_skipped, "schedule_steps": getattr(self.scheduler, "horizon", None), **self.meta}
+                "nonfinite_skipped": self.nonfinite_skipped, "schedule_steps": getattr(self.scheduler, "horizon", None),
+                **self.meta}
         with self.storage_errors(step):
             if self.format == "sharded":
                 save = ShardedSave(self.dir, step, rt.sharded_state(self.model, opt), meta, self.keep, rt,
