@@ -67,6 +67,7 @@ def cli(run_fn, config_name: str, script: str | None = None):
     # an absolute path: with the repo pip-installed, Hydra would read a relative config_path as a Python package
     @hydra.main(config_path=str(CONF), config_name=config_name, version_base="1.3")
     def _main(cfg):
+        os.environ["DUALITY_CLI"] = "1"  # the process ends with this run (trainer/preempt.py: StopSignals.close)
         try:
             return run_fn(cfg)
         except USER_ERRORS as e:

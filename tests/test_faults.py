@@ -308,3 +308,23 @@ def test_kill_9_during_sharded_checkpoints_resumes(tmp_path, cache):
     assert "resuming at step" in r.stdout and "checkpointed" in r.stdout
     steps = [x["step"] for x in metrics_rows(out) if "loss" in x]
     assert steps == list(range(1, max(steps) + 1))  # one row per step across the kill
+
+
+def test_a_stopped_run_ignores_further_signals_only_where_the_process_ends(monkeypatch):
+    """StopSignals.close after a stop signal: under train.py's command line (DUALITY_CLI) the signals are ignored
+    until the process exits; a caller running train.run in its own process gets its handlers back."""
+    from duality.trainer.preempt import StopSignals
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        for cli, want in ((False, before), (True, signal.SIG_IGN)):
+            if cli:
+                monkeypatch.setenv("DUALITY_CLI", "1")
+            else:
+                monkeypatch.delenv("DUALITY_CLI", raising=False)
+            stop = StopSignals(["SIGUSR2"])
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+            stop.close()
+            assert stop.received == "SIGUSR2" and signal.getsignal(signal.SIGUSR2) is want, cli
+    finally:
+        signal.signal(signal.SIGUSR2, before)

@@ -5,6 +5,7 @@ train.time_limit, the other pause: resume=auto goes on from that step."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -52,10 +53,12 @@ class StopSignals:
         self._old = {}
 
     def close(self) -> None:
-        """The end of a run: the handlers there were before, or, when the run stopped on one of these signals (the
-        process is ending on it), those signals ignored from then on: a second SIGTERM 50 ms after the first arrived
-        after the checkpoint, as the process exited, and killed it with -15 instead of exit 0."""
-        if self.received is None:
+        """The end of a run: the handlers there were before, or, when the run stopped on one of these signals and
+        the process ends with the run (train.py's command line: common/cli.py sets DUALITY_CLI), those signals
+        ignored from then on: a second SIGTERM 50 ms after the first arrived after the checkpoint, as the process
+        exited, and killed it with -15 instead of exit 0. A caller that runs train.run in its own process gets its
+        handlers back."""
+        if self.received is None or not os.environ.get("DUALITY_CLI"):
             return self.restore()
         for name in self._old:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
