@@ -226,12 +226,13 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
         return torch.stack([F.pad(r, (0, width - len(r)), value=pad) for r in rows])
 
     def _generate(self, input_ids=None, attention_mask=None, fast_decoding: bool = True,
-                  cuda_graphs: bool | None = None, **kwargs):
+                  cuda_graphs: bool | None = None, compile_step: bool = False, **kwargs):
         """Prompts of one length: the repo's decoding loop (model/decode.py: fixed buffers, a CUDA graph a step,
         sampling on the GPU) when the request needs only what it does (greedy or sampling with temperature, top-k,
         top-p; end-of-sequence ids, max_length / max_new_tokens, stopping criteria), else transformers' generate
         (beam search, other logits processors, scores in the output, streamers). fast_decoding=False always takes
-        transformers'; cuda_graphs=False decodes eagerly (None: graphs on a CUDA device)."""
+        transformers'; cuda_graphs=False decodes eagerly (None: graphs on a CUDA device); compile_step=True compiles the
+        decoding step with torch.compile first (fewer kernels a step; a compilation per new batch and length)."""
         if input_ids is None or not fast_decoding:
             return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         # transformers' own merging of the model's generation_config, the global defaults and the kwargs (a private
@@ -254,7 +255,7 @@ class DualityForCausalLM(PreTrainedModel, GenerationMixin):
         return generate(self.model, input_ids, n, temperature=(config.temperature or 1.0) if sampling else 0.0,
                         top_k=config.top_k if sampling else None, top_p=config.top_p if sampling else None,
                         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, stop=stop,
-                        cuda_graphs=cuda_graphs, precision=self._precision)
+                        cuda_graphs=cuda_graphs, compile=compile_step, precision=self._precision)
 
     @classmethod
     def from_checkpoint(cls, path, device="cpu") -> tuple["DualityForCausalLM", object]:

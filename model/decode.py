@@ -76,7 +76,8 @@ class Decoder:
     token. graphs: replay each step from a CUDA graph (None: on a CUDA device when the model decodes into fixed
     buffers). The logits returned by a graphed step are overwritten by the next step: use them before it."""
 
-    def __init__(self, model: GPT, max_len: int, graphs: bool | None = None, fixed: bool | None = None):
+    def __init__(self, model: GPT, max_len: int, graphs: bool | None = None, fixed: bool | None = None,
+                 compile: bool = False):
         why = refusal(model)
         if fixed and why:
             raise ValueError(f"this model cannot decode into fixed buffers: {why}")
@@ -91,6 +92,9 @@ class Decoder:
         if limit is not None and max_len > limit:
             raise ValueError(f"pe={model.abs_pe.name} has {limit} positions; decoding to {max_len} tokens asks for "
                              "more. Learned embeddings cannot extrapolate: use a relative scheme for longer contexts")
+        # compile: the step's forward through torch.compile (inductor fuses a layer's element-wise work: fewer kernels
+        # in the graph, each of which costs a few µs of launch even when replayed), compiled in the warm-up step
+        self.forward = torch.compile(model, dynamic=False) if compile else model
         self.cache = Cache(len(model.blocks))
         self.buffers: list[dict] = []
         self.graph = self.tokens = self.logits = None
@@ -132,7 +136,7 @@ class Decoder:
 
     def _run(self, tokens):
         with varying_shapes():  # (no cuDNN attention: it builds a plan per shape, on the host)
-            logits, _ = self.model(tokens, cache=self.cache)
+            logits, _ = self.forward(tokens, cache=self.cache)
         for state, own in zip(self.cache.layers, self.buffers):
             for name, buf in own.items():
                 setattr(state, name, _copy_into(buf, getattr(state, name)))
@@ -189,7 +193,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
 @torch.no_grad()
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             pad_token_id: int | None = None, stop=None, cuda_graphs: bool | None = None,
+             pad_token_id: int | None = None, stop=None, cuda_graphs: bool | None = None, compile: bool = False,
              precision=nullcontext) -> torch.Tensor:
     """idx [B, P] -> [B, P + n], n <= max_new_tokens new tokens (sample's arguments choose them).
 
@@ -197,7 +201,8 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
     decoding stops once every row is finished. stop(ids [B, P + t], logits [B, V]) -> bool or [B] bools, called
     after each token (transformers' stopping criteria; a host sync a step): rows it returns True for are finished.
     Without `stop`, whether every row is finished is read back every 8 steps only, and the output cut where they
-    all were. precision: a context manager factory the forward runs under (autocast)."""
+    all were. precision: a context manager factory the forward runs under (autocast). compile: the step through
+    torch.compile (Decoder)."""
     if model.decoder is not None:
         raise ValueError("model.head=compress decodes a whole sequence from one state; it does not generate")
     if max_new_tokens < 0:
@@ -208,7 +213,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
     eos = None if eos_token_id is None else torch.tensor(
         [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=idx.device)
     pad = pad_token_id if pad_token_id is not None else (None if eos is None else int(eos[0]))
-    decoder = Decoder(model, P + max_new_tokens, graphs=cuda_graphs)
+    decoder = Decoder(model, P + max_new_tokens, graphs=cuda_graphs, compile=compile)
     with precision():
         logits = decoder.prefill(idx)
     new, live, all_done = [], torch.ones(B, dtype=torch.bool, device=idx.device), []

@@ -70,7 +70,7 @@ def _timed(fn) -> float:
 
 
 @torch.no_grad()
-def measure(model, batch: int, prompt: int, new: int, repeats: int) -> dict:
+def measure(model, batch: int, prompt: int, new: int, repeats: int, compile_step: bool = False) -> dict:
     ids = torch.randint(1, 32000, (batch, prompt), device="cuda")
     mask = torch.ones_like(ids)
     own = hasattr(model, "hidden_states")  # this repo's model: its prefill is the trunk and one head row
@@ -83,7 +83,8 @@ def measure(model, batch: int, prompt: int, new: int, repeats: int) -> dict:
             model(input_ids=ids, use_cache=True, logits_to_keep=1)
 
     def gen():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=0, do_sample=False)
+        extra = {"compile_step": True} if compile_step else {}
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=0, do_sample=False, **extra)
         assert out.shape == (batch, prompt + new), out.shape
 
     torch.cuda.reset_peak_memory_stats()
@@ -163,6 +164,10 @@ def main():
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--profile", help="case:batch:prompt; prints a profile of decoding steps and exits")
+    ap.add_argument("--compile-step", action="store_true",
+                    help="this repo's models decode with generate(compile_step=True) (torch.compile'd step)")
+    ap.add_argument("--commit", help="the commit of the tree measured (default: git's HEAD, which a copied tree "
+                    "without its .git may not know)")
     args = ap.parse_args()
     if args.profile:
         case, b, p = args.profile.split(":")
@@ -172,8 +177,8 @@ def main():
     import triton
     record = {"date": str(date.today()), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "fla": fla.__version__,
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True).stdout.strip(),
+              "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                      text=True).stdout.strip(),
               "command": "python scripts/bench_decode.py " + " ".join(sys.argv[1:]), "rows": []}
     peer_grid = {tuple(int(x) for x in s.split(":")) for s in args.peer_grid.split(",")}
     print(f"{'case':<22}{'batch':>6}{'prompt':>8}{'ms/token':>10}{'tokens/s':>11}{'prefill ms':>12}{'peak GiB':>10}")
@@ -183,9 +188,10 @@ def main():
             for batch in args.batches:
                 if case in PEERS and (batch, prompt) not in peer_grid:
                     continue
-                row = {"case": case}
+                row = {"case": case + (" (compiled step)" if args.compile_step and case not in PEERS else "")}
                 try:
-                    row.update(measure(model, batch, prompt, args.new, args.repeats))
+                    row.update(measure(model, batch, prompt, args.new, args.repeats,
+                                       args.compile_step and case not in PEERS))
                     print(f"{case:<22}{batch:>6}{prompt:>8}{row['ms_per_token']:>10.3f}{row['tokens_per_s']:>11.0f}"
                           f"{row['prefill_ms']:>12.1f}{row['peak_gib']:>10.1f}", flush=True)
                 except torch.OutOfMemoryError:

@@ -191,3 +191,18 @@ def test_refusals_name_the_way_out():
     with pytest.raises(ValueError, match="max_new_tokens=-1"):
         generate(learned, torch.zeros(1, 6, dtype=torch.long), -1)
     assert generate(learned, torch.zeros(1, 60, dtype=torch.long), 4).shape == (1, 64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone,pe", [("gla", "nope"), ("transformer", "rope"), ("gated_deltanet", "nope")])
+def test_a_compiled_step_gives_the_eager_steps_tokens(backbone, pe):
+    """generate(compile=True): the decoding step through torch.compile (inductor's fused kernels) gives the eager
+    step's logits and greedy tokens (fp32, CPU)."""
+    model = _model(backbone, pe)
+    idx = torch.randint(0, 97, (2, 21))
+    eager, compiled = _steps(model, idx, 9, fixed=True), None
+    d = Decoder(model, idx.shape[1], fixed=True, compile=True)
+    with torch.no_grad():
+        compiled = torch.stack([d.prefill(idx[:, :9])] + [d.step(idx[:, t:t + 1]).clone() for t in range(9, 20)], 1)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    assert torch.equal(generate(model, idx[:, :9], 8, compile=True), generate(model, idx[:, :9], 8))

@@ -621,3 +621,23 @@ def test_fused_delta_rule_step_equals_the_mixers_own(backbone, pe, monkeypatch):
             out[fused] = torch.stack([d.prefill(idx[:, :13])] + [d.step(idx[:, t:t + 1]).clone()
                                                                  for t in range(13, 29)], 1)
     assert _rel(out[True], out[False]) < 1e-4, _rel(out[True], out[False])
+
+
+@pytest.mark.parametrize("backbone,pe", [("gla", "nope"), ("gated_deltanet", "nope"), ("transformer", "rope"),
+                                         ("fox", "alibi"), ("deltanet", "selective_rope")])
+def test_a_compiled_decoding_step_replays_the_eager_one(backbone, pe):
+    """generate(compile=True) on a GPU: the torch.compile'd step, captured in a CUDA graph, gives the eager
+    (uncompiled, graphed) step's logits to 1e-3 in fp32 and its greedy tokens."""
+    from duality.model.decode import Decoder, generate
+    m = _pair(backbone, pe).model.eval()
+    idx = torch.randint(1, 512, (3, 40), device="cuda")
+    out = {}
+    for compiled in (False, True):
+        d = Decoder(m, 40, compile=compiled)
+        assert d.graphs
+        with torch.no_grad():
+            out[compiled] = torch.stack([d.prefill(idx[:, :24])] + [d.step(idx[:, t:t + 1]).clone()
+                                                                     for t in range(24, 39)], 1)
+    assert _rel(out[True], out[False]) < 1e-3, _rel(out[True], out[False])
+    with torch.no_grad():
+        assert torch.equal(generate(m, idx[:, :9], 12, compile=True), generate(m, idx[:, :9], 12))

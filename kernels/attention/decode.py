@@ -45,7 +45,8 @@ if triton is not None:
         start = sp * SPLIT
         end = tl.minimum(start + SPLIT, t + 1)
         d = tl.arange(0, D)
-        qv = tl.load(q + b * sqb + h * sqh + d).to(tl.float32) * scale
+        # (scale cast: under torch.compile a Python float reaches the kernel as fp64, which would make m fp64)
+        qv = (tl.load(q + b * sqb + h * sqh + d).to(tl.float32) * scale).to(tl.float32)
         c_t = tl.load(c + b * scb + t * scl + h).to(tl.float32) if HAS_C else 0.0
         slope = tl.load(slopes + h).to(tl.float32) if HAS_SLOPES else 0.0
         m = tl.full((), float("-inf"), tl.float32)
