@@ -9,6 +9,7 @@
     python eval.py ckpt=RUN mode=sample prompt="The module" max_new_tokens=100 temperature=0.8
     python eval.py ckpt=RUN mode=task +data_overrides.eval_len=1024             # a synthetic task's accuracy
     python eval.py mode=kernel 'kernel.fresh=[transformer/alibi,retnet/nope,fox/nope,transformer/rope]'
+    python eval.py 'ckpt=[RUN_A,RUN_B]' mode=retrieval 'retrieval.lengths=[1024,4096,16384]'  # passkey, NIAH
 
 Modes:
   lm_eval        lm-evaluation-harness scores through its HFLM, batched (evals/harness.py); a seed-004 markdown table
@@ -18,6 +19,8 @@ Modes:
   sample         generation through each mixer's KV cache / recurrent state
   task           accuracy and accuracy vs length on the checkpoint's synthetic task (data_overrides change it)
   kernel         each layer's relative-position kernel: log-decay / bias and rotation vs distance (evals/pe_kernel.py)
+  retrieval      passkey and needle-in-a-haystack by context length and depth (evals/retrieval.py); JSON, heatmap,
+                 curve and a markdown table
 
 Results go to `out` (JSON; default eval_<mode>.json in the run's folder, or in outputs/eval for several
 checkpoints) and PNGs beside it; `wandb=true` also logs them to a wandb run (offline without credentials).
@@ -27,10 +30,13 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+
+from omegaconf import OmegaConf
 
 from duality.common.errors import ConfigError
 from duality.common.io import write_atomic
@@ -38,7 +44,7 @@ from duality.model import build_model
 from duality.trainer.checkpoint import load_model
 from duality.trainer.checkpoint import newest_checkpoint as resolve_ckpt
 
-MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel", "export")
+MODES = ("perplexity", "sample", "task", "lm_eval", "position_loss", "kernel", "export", "retrieval")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -65,7 +71,6 @@ def perplexity(model, tok, data_cfg, seq_len: int, n_tokens: int, micro_batch: i
 
 
 def task_accuracy(model, ckpt, cfg, device, autocast, plot: Path) -> dict:
-    from omegaconf import OmegaConf
 
     from duality.data import tasks
     data_cfg = dict(ckpt["config"]["data"])
@@ -103,6 +108,46 @@ def sample(model, tok, cfg, device, autocast) -> dict:
     return {"prompt": cfg.prompt, "text": text}
 
 
+def retrieval(cfg, loaded, names, device, autocast, plot: Path, out: Path) -> dict:
+    """Every checkpoint on the same needles (each tokenizer sizes its own prompts): scores per example, a summary
+    per family x length and depth x length, the heatmap, the curve by length and the table."""
+    from duality.evals import retrieval as RV
+    C = cfg.retrieval
+    lengths = sorted(int(L) for L in C.lengths)
+    new = 4 * ((C.digits or 7) + 2) + RV.SLACK  # room for the longest answer (4 values) and what follows it
+    for (model, _, ckpt), name in zip(loaded, names):
+        pe = model.abs_pe
+        if pe is not None and pe.max_positions < lengths[-1] + new:
+            raise ConfigError(f"{name}: pe={pe.name} has {pe.max_positions} positions; retrieval.lengths asks for "
+                              f"{lengths[-1]} (+ the answer): learned positions cannot extrapolate. Drop the longer "
+                              "lengths or evaluate a relative scheme")
+    per_model, summaries, seconds, settings = {}, {}, {}, {}
+    for (model, tok, ckpt), name in zip(loaded, names):
+        # haystack / digits null: a data=retrieval model's own (its training distribution), else repeat / 7
+        own = ckpt["config"].get("data") or {}
+        own = own if own.get("name") == "retrieval" else {}
+        hay, digits = C.haystack or own.get("haystack", "repeat"), C.digits or own.get("digits", 7)
+        sentences = RV.haystack_sentences(hay, OmegaConf.to_container(cfg.data, resolve=True)
+                                          if cfg.get("data") is not None else None)
+        exs = RV.examples(RV.encoder(tok), list(C.tasks), lengths, C.depths, C.samples, hay, sentences,
+                          C["values"], digits, cfg.seed)
+        settings[name] = {"haystack": hay, "digits": digits, "examples": len(exs)}
+        start = time.perf_counter()
+        rows = RV.score(model, tok, exs, cfg.micro_batch, device, autocast, generate="generate" in C.scoring)
+        seconds[name] = round(time.perf_counter() - start, 1)
+        per_model[name], summaries[name] = rows, RV.summarize(rows, C.depths)
+    train_lens = {n: ck["config"]["model"]["seq_len"] for (_, _, ck), n in zip(loaded, names)}
+    text = RV.table(summaries, lengths)
+    print(text)
+    print("seconds per checkpoint: " + ", ".join(f"{n}: {s}" for n, s in seconds.items()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n")
+    RV.plot_heatmaps(summaries, plot, train_lens)
+    RV.plot_by_length(summaries, plot.with_name(plot.stem + "_by_length.png"), train_lens)
+    return {"summary": summaries, "examples": per_model, "seconds": seconds, "train_len": train_lens,
+            "settings": {**OmegaConf.to_container(C, resolve=True), "per_checkpoint": settings}, "seed": cfg.seed}
+
+
 def compose_config(overrides):
     """train.py's config for these overrides, from inside a Hydra app (eval.py's) or outside one."""
     from hydra import compose, initialize_config_dir
@@ -115,7 +160,6 @@ def compose_config(overrides):
 
 def fresh_models(specs, device, size: str = "tiny", seq_len: int | None = None, vocab: int = 256):
     """'backbone/pe' -> (label, a model at init of conf/model/<size>.yaml), for kernel pictures and benchmarks."""
-    from omegaconf import OmegaConf
     conf = Path(__file__).resolve().parent / "conf"
     for spec in specs:
         if spec.count("/") != 1:
@@ -153,7 +197,6 @@ def kernels(cfg, loaded, names, device) -> dict:
 
 def data_config(cfg, ckpt) -> dict:
     """The checkpoint's own data, or the data config given on the command line (data=text data.files=...)."""
-    from omegaconf import OmegaConf
     if cfg.get("data") is not None:
         return OmegaConf.to_container(cfg.data, resolve=True)
     if "data" not in ckpt["config"]:
@@ -169,7 +212,6 @@ def check_options(cfg) -> None:
         value = OmegaConf.select(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key}={value!r}: must be {what}")
-    from omegaconf import OmegaConf
     pos = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
     need("micro_batch", pos, "an integer >= 1")
     need("eval_tokens", pos, "an integer >= 1")
@@ -187,6 +229,12 @@ def check_options(cfg) -> None:
     need("position_loss.chunk", pos, "an integer >= 1")
     need("kernel.length", lambda v: pos(v) and v >= 2, "an integer >= 2")
     need("kernel.layer", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    need("retrieval.lengths", lambda v: len(v) > 0 and all(pos(x) for x in v), "a list of lengths in tokens >= 1")
+    need("retrieval.depths", pos, "an integer >= 1 (depths evenly from 0% to 100%)")
+    need("retrieval.samples", pos, "an integer >= 1")
+    need("retrieval.digits", lambda v: v is None or (pos(v) and v <= 18), "null or an integer in 1..18")
+    need("retrieval.scoring", lambda v: len(v) > 0 and set(v) <= {"generate", "loglikelihood"},
+         "a list of generate and/or loglikelihood")
 
 
 def run(cfg) -> dict:
@@ -197,6 +245,14 @@ def run(cfg) -> dict:
     if not paths and cfg.mode != "kernel":
         raise ConfigError("ckpt=<path> is required (a step_*.pt file, a checkpoints/ folder, a run's out_dir, or a "
                           "list: 'ckpt=[a,b]')")
+    if cfg.mode == "retrieval":  # the task names and haystack before any checkpoint is read
+        from duality.data.tasks.retrieval import FAMILIES, HAYSTACKS, VALUES
+        for key, valid in (("tasks", FAMILIES), ("haystack", HAYSTACKS), ("values", VALUES)):
+            given = cfg.retrieval[key]
+            bad = ([t for t in given if t not in valid] if key == "tasks"
+                   else [] if given in (None, *valid) else [given])
+            if bad:
+                raise ConfigError(f"retrieval.{key}: unknown {bad}; valid choices: {list(valid)}")
     if len(paths) > 1 and cfg.mode in ("sample", "task", "export"):
         raise ConfigError(f"mode={cfg.mode} takes one checkpoint; got {len(paths)}")
     for p in paths:  # every path checked before any work
@@ -257,6 +313,8 @@ def run(cfg) -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".md").write_text(table + "\n")
         result = {"table": rows, "results": raw, "tasks": list(L.tasks), "num_fewshot": L.num_fewshot}
+    elif cfg.mode == "retrieval":
+        result = retrieval(cfg, loaded, names, device, autocast, plot, out)
     elif cfg.mode == "position_loss":
         from duality.evals.position import plot_position_loss, position_loss
         P, curves = cfg.position_loss, {}
@@ -302,7 +360,6 @@ def run(cfg) -> dict:
 def log_wandb(cfg, result: dict, plot: Path, out: Path) -> None:
     """One wandb run per evaluation (job_type=eval): the table's numbers as summary values, the plot as an image."""
     import wandb
-    from omegaconf import OmegaConf
 
     from duality.trainer.logger import wandb_init
     run = wandb_init(cfg.get("wandb_mode", "auto"), project=cfg.wandb_project, job_type="eval",

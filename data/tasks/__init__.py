@@ -1,4 +1,5 @@
-"""Synthetic tasks as data sources: `data=mqar`, `data=copying`, `data=parity|a3|s3`, `data=mad_<task>`.
+"""Synthetic tasks as data sources: `data=mqar`, `data=copying`, `data=parity|a3|s3`, `data=mad_<task>`,
+`data=retrieval`.
 
 Every task is generated from `data.seed` alone (no downloads, nothing on disk) and becomes a TaskData:
 
@@ -110,8 +111,9 @@ def rng_for(seed: int, split: str, *more: int) -> np.random.Generator:
 
 # --------------------------------------------------------------------------------------------------- registry
 def _registry():
-    from . import copying, mad, mqar, state_tracking
-    return {"mqar": mqar.build, "copying": copying.build, "state_tracking": state_tracking.build, "mad": mad.build}
+    from . import copying, mad, mqar, retrieval, state_tracking
+    return {"mqar": mqar.build, "copying": copying.build, "state_tracking": state_tracking.build, "mad": mad.build,
+            "retrieval": retrieval.build}
 
 
 def is_task(data_cfg) -> bool:

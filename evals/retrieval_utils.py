@@ -1,0 +1,23 @@
+"""lm-eval's side of the retrieval tasks that evals/retrieval.py writes (copied beside their YAMLs): the JSONL read
+from this file's own folder (any working directory, no network) and the per-example metrics, RULER's string match
+and the teacher-forced answer. Self-contained: lm-eval imports it by path."""
+
+from pathlib import Path
+
+
+def load(file: str, **_):
+    """custom_dataset: {"test": the rows of `file`} (lm-eval passes its metadata and model args too: ignored)."""
+    import datasets
+    return {"test": datasets.Dataset.from_json(str(Path(__file__).with_name(file)))}
+
+
+def process_generation(doc: dict, results: list) -> dict:
+    """RULER's string_match_all: the share of the expected values in the continuation (cut at lm-eval's `until`),
+    ignoring case, after its postprocessing (stripped)."""
+    prediction = results[0].strip().lower()
+    return {"string_match": sum(v.lower() in prediction for v in doc["values"]) / len(doc["values"])}
+
+
+def process_loglikelihood(doc: dict, results: list) -> dict:
+    logprob, is_greedy = results[0]
+    return {"greedy": float(is_greedy), "logprob": float(logprob)}
