@@ -3,9 +3,9 @@ context lengths and needle depths, generated locally from a seed, and the same e
 
     python eval.py ckpt=RUN mode=retrieval 'retrieval.lengths=[1024,4096,16384]'
     python eval.py 'ckpt=[RUN_A,RUN_B]' mode=retrieval retrieval.haystack=noise      # data=retrieval models
-    python -m duality.evals.retrieval EXPORT_OR_RUN evals/retrieval_tasks --lengths 1024 4096   # lm-eval tasks
+    python -m duality.evals.retrieval tasks EXPORT_OR_RUN my_tasks --lengths 1024 4096    # lm-eval task files
     lm_eval --model hf --model_args pretrained=EXPORT,trust_remote_code=True,max_length=5000 \\
-            --include_path evals/retrieval_tasks --tasks retrieval
+            --include_path my_tasks --tasks retrieval
 
 Each example is scored twice (RULER, Hsieh et al. 2024, section 3; lm-eval's loglikelihood):
     string_match  the share of the expected values found in the greedy continuation (cut at a newline or the end
@@ -125,7 +125,9 @@ def score(model, tok, exs: list[R.Example], micro_batch: int, device, autocast=N
         groups.setdefault((len(e.ids), len(e.answer_ids), budget[(e.family, e.length)]), []).append(i)
     bar = _bar(len(exs), progress)
     for (P, A, new), members in sorted(groups.items()):
-        rows_per = max(1, min(micro_batch, (1 << 18) // P))
+        # B x P <= 2^17: the prompt prefills in one chunk (a chunk after the first attends to a cache; FoX then
+        # builds its bias densely: 64 GiB at 8 x 32k on an H200)
+        rows_per = max(1, min(micro_batch, (1 << 17) // P))
         for s in range(0, len(members), rows_per):
             part = members[s:s + rows_per]
             prompt = torch.tensor(np.stack([exs[i].ids for i in part]), device=device)
@@ -308,22 +310,41 @@ def write_tasks(exs: list[R.Example], out: Path, tok=None) -> list[str]:
     return names
 
 
+def plot_record(record: Path, out: Path) -> None:
+    """A study's record (runs -> label, summary, train_len, as docs/eval/retrieval's) as the heatmap and the curve,
+    out.png and out_by_length.png: the figures of several evaluations run apart, drawn as one."""
+    runs = json.loads(Path(record).read_text())["runs"].values()
+    summaries = {r["label"]: r["summary"] for r in runs}
+    train_lens = {r["label"]: r["train_len"] for r in runs}
+    plot_heatmaps(summaries, out.with_suffix(".png"), train_lens)
+    plot_by_length(summaries, out.with_name(out.stem + "_by_length.png"), train_lens)
+
+
 def main(argv=None):
-    """python -m duality.evals.retrieval CKPT OUT [--tasks ...] [--lengths ...]: lm-eval task files for CKPT's
-    tokenizer (a run, a checkpoint or an export)."""
+    """python -m duality.evals.retrieval tasks CKPT OUT [--tasks ...] [--lengths ...]: lm-eval task files for CKPT's
+    tokenizer (a run, a checkpoint or an export). python -m duality.evals.retrieval plot RECORD OUT: a study
+    record's figures."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("ckpt", help="a run's folder, a step_*.pt file or an export: its tokenizer sizes the prompts")
-    ap.add_argument("out", type=Path, help="the task folder (lm_eval --include_path OUT)")
-    ap.add_argument("--tasks", nargs="+", default=list(R.FAMILIES), help=f"any of {list(R.FAMILIES)}")
-    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096])
-    ap.add_argument("--depths", type=int, default=11)
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--haystack", default="repeat", help=f"one of {list(R.HAYSTACKS)[:3]} (text: eval.py)")
-    ap.add_argument("--values", default="numbers", help=f"one of {list(R.VALUES)}")
-    ap.add_argument("--digits", type=int, default=7)
-    ap.add_argument("--seed", type=int, default=0)
+    sub = ap.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("tasks", help="lm-eval task files")
+    t.add_argument("ckpt", help="a run's folder, a step_*.pt file or an export: its tokenizer sizes the prompts")
+    t.add_argument("out", type=Path, help="the task folder (lm_eval --include_path OUT)")
+    t.add_argument("--tasks", nargs="+", default=list(R.FAMILIES), help=f"any of {list(R.FAMILIES)}")
+    t.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096])
+    t.add_argument("--depths", type=int, default=11)
+    t.add_argument("--samples", type=int, default=4)
+    t.add_argument("--haystack", default="repeat", help=f"one of {list(R.HAYSTACKS)[:3]} (text: eval.py)")
+    t.add_argument("--values", default="numbers", help=f"one of {list(R.VALUES)}")
+    t.add_argument("--digits", type=int, default=7)
+    t.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("plot", help="a study record's heatmap and curve")
+    p.add_argument("record", type=Path)
+    p.add_argument("out", type=Path, help="the heatmap's path (the curve: beside it, _by_length.png)")
     a = ap.parse_args(argv)
+    if a.command == "plot":
+        plot_record(a.record, a.out)
+        return
     from duality.data import Tokenizer
     from duality.trainer.checkpoint import read_checkpoint
     tok = Tokenizer.from_dict(read_checkpoint(a.ckpt)[1]["tokenizer"])

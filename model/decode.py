@@ -98,7 +98,7 @@ class Decoder:
         self.cache = Cache(len(model.blocks))
         self.buffers: list[dict] = []
         self.graph = self.tokens = self.logits = None
-        self.warm = False
+        self.warm = 0  # eager steps taken before the capture
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """The prompt through the parallel kernels in chunks of at most PREFILL_TOKENS tokens over the batch, each
@@ -148,16 +148,20 @@ class Decoder:
                 return self.model(tokens, cache=self.cache)[0][:, -1]
         if not self.graphs:
             return self._run(tokens)
-        if not self.warm:  # the first step eagerly, on a side stream: kernels compiled and autotuned before capture
-            self.warm = True
+        if self.tokens is None:  # the graph's input; every step reads it, so a compiled step sees one layout
+            self.tokens = torch.empty_like(tokens, memory_format=torch.contiguous_format)
+        self.tokens.copy_(tokens)
+        # the first steps eagerly, on a side stream: kernels compiled and autotuned before capture (a compiled step
+        # twice: a recompilation, e.g. for a guard the first step's inputs did not meet, must not happen in capture)
+        if self.warm < (2 if self.forward is not self.model else 1):
+            self.warm += 1
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                out = self._run(tokens)
+                out = self._run(self.tokens)
             torch.cuda.current_stream().wait_stream(side)
             return out
         if self.graph is None:
-            self.tokens = tokens.clone()
             self.graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(self.graph):
@@ -165,7 +169,6 @@ class Decoder:
             except RuntimeError as e:
                 raise RuntimeError(f"a CUDA graph could not capture this model's decoding step ({e}); decode "
                                    "eagerly: generate(..., cuda_graphs=False)") from e
-        self.tokens.copy_(tokens)
         self.graph.replay()
         return self.logits
 

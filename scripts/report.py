@@ -36,7 +36,7 @@ FIRST_STEP_H200 = DOCS / "gpu/first_step_h200_2026-11-26.json"
 FIRST_STEP_BLOCKS = DOCS / "gpu/first_step_h100_blocks_2026-11-27.json"
 FIRST_STEP_H200_BLOCKS = DOCS / "gpu/first_step_h200_blocks_2026-11-27.json"
 FIRST_STEP_H200_FRESH = DOCS / "gpu/first_step_h200_fresh_2026-11-27.json"
-GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-28.json"
+GPU_TEST_H200 = DOCS / "gpu/gpu_test_h200_2026-11-29.json"
 FSDP2_PROFILE = DOCS / "multi_gpu/fsdp2_profile_4xh200_2026-11-27.json"
 FSDP2_PROFILE_2 = DOCS / "multi_gpu/fsdp2_profile_2xh200_2026-11-27.json"
 FSDP2_PROFILE_4_BF16 = DOCS / "multi_gpu/fsdp2_profile_4xh200_bf16_2026-11-27.json"
@@ -58,7 +58,10 @@ GDN_V = DOCS / "throughput/gdn_v_h200_2026-11-28.json"  # DeltaNet's v convolved
 # its time limit before them); FLA's GLA beside ours in one process; batch 1 after the decoding steps' kernels
 DECODE_FLA = DOCS / "inference/decode_fla_h200_2026-11-29.json"
 DECODE = [DOCS / "inference/decode_h200_2026-11-29.json", DOCS / "inference/decode_peers_h200_2026-11-29.json",
-          DECODE_FLA, DOCS / "inference/decode_after_h200_2026-11-29.json"]
+          DECODE_FLA, DOCS / "inference/decode_after_h200_2026-11-29.json",
+          DOCS / "inference/decode_h200_2026-11-29_ddeb192.json",
+          DOCS / "inference/decode_compiled_h200_2026-11-29.json"]
+RETRIEVAL = DOCS / "eval/retrieval/retrieval_h200_2026-11-29.json"  # issue #74's five models, 512 -> 32k
 PEERS_H200 = DOCS / "throughput/peers_h200_2026-11-28.json"  # GLA, Gated DeltaNet against FLA's; the profiles
 QUACK_PARITY = DOCS / "throughput/quack_parity_370m_2xh200_2026-11-28.json"
 EAGER_PARITY = DOCS / "throughput/eager_parity_370m_4xh200_2026-11-28.json"  # the protocol's same-math control
@@ -605,8 +608,8 @@ def summary_table() -> str:
                      f"{sum(r['configs_timed'] for r in fs['rows'])} configs timed",
                      f"{short_device(rows_device(fs))}, {rows_date(fs)}", "docs/gpu/README.md"))
     gt = load(GPU_TEST_H200)
-    last = gt["runs"][-1]
-    rows.append(("`make gpu-test` on a bare machine (the GPU group, 8 workers)",
+    last = gt["runs"][0]  # the whole group (later runs are subsets)
+    rows.append(("`make gpu-test` on a bare machine (the GPU group)",
                  f"{last['passed']} passed, {last['failed']} failed, {last['skipped']} skipped in "
                  f"{last['pytest_s']:.0f} s", f"{short_device(gt['device'])}, {gt['date']}", "docs/gpu/README.md"))
     lm = load(LM_EVAL_BENCH[-1])
@@ -690,10 +693,12 @@ def summary_table() -> str:
     rows.append(("1.3B under FSDP2, 2 GPUs against 1", f"{speed:.2f}×, {mem2:.1f} GiB a GPU against {mem1:.1f}",
                  f"{short_device(f13['device'])}, {f13['date']}", "docs/multi_gpu/README.md"))
     fla = {(r["case"], r["batch"]): r for r in load(DECODE_FLA)["rows"]}
-    grid = {(r["case"], r["batch"], r["prompt"]): r for r in load(DECODE[0])["rows"]}
-    dec_rec = load(DECODE_FLA)
+    grid = {(r["case"], r["batch"], r["prompt"]): r for r in load(DECODE[-2])["rows"]}  # the latest grid
+    compiled = {(r["case"], r["batch"], r["prompt"]): r for r in load(DECODE[-1])["rows"]}
+    dec_rec = load(DECODE[-2])
     rows.append(("Greedy decoding, 370m, bf16, 512-token prompt (`generate`; GLA against FLA's `GLAForCausalLM`)",
-                 f"GLA {grid[('gla', 1, 512)]['tokens_per_s']:,.0f} tokens/s at batch 1, "
+                 f"GLA {grid[('gla', 1, 512)]['tokens_per_s']:,.0f} tokens/s at batch 1 "
+                 f"({compiled[('gla (compiled step)', 1, 512)]['tokens_per_s']:,.0f} with a compiled step), "
                  f"{grid[('gla', 32, 512)]['tokens_per_s']:,.0f} at batch 32; "
                  + " / ".join(f"{fla[('fla:gla', b)]['ms_per_token'] / fla[('gla', b)]['ms_per_token']:.1f}×"
                               for b in (1, 32)) + " FLA's speed at batch 1 / 32",
@@ -719,6 +724,23 @@ def decode_table() -> str:
     return "\n".join(lines)
 
 
+def retrieval_table() -> str:
+    """The retrieval study's record: each model's steps in its budget, then string match (teacher-forced greedy
+    share) by context length over every family, and the evaluation's seconds."""
+    rec = load(RETRIEVAL)
+    lengths = sorted({int(L) for r in rec["runs"].values() for L in r["summary"]["by_length"]})
+    k = lambda n: f"{n // 1024}k" if n >= 1024 else str(n)  # noqa: E731
+    lines = ["| model (trained at 512) | steps | " + " | ".join(k(L) for L in lengths) + " | eval s |",
+             "|---|---:|" + "---:|" * len(lengths) + "---:|"]
+    for r in rec["runs"].values():
+        cells = [f"{c['string_match']:.2f} ({c['greedy']:.2f})" for c in
+                 (r["summary"]["by_length"][str(L)] for L in lengths)]
+        lines.append(f"| {r['label'].split(' (')[0]} | {r['steps']:,} | " + " | ".join(cells)
+                     + f" | {r['eval_seconds']:.0f} |")
+    source = f"{short_device(rec['device'])}, {rec['date']}, {rec['commit']}; {link(rel(RETRIEVAL), 'record')}"
+    return "\n".join(lines) + "\n\n" + source
+
+
 def verdicts_table() -> str:
     """Seed 004's claims: the verdicts written in docs/synthetic/verdicts.json (against the paper, and against the
     seed's own code run here), the date and device of the claim's record."""
@@ -735,6 +757,7 @@ def verdicts_table() -> str:
 
 
 BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": throughput_table, "decode": decode_table,
+          "retrieval": retrieval_table,
           "activation_checkpointing": activation_checkpointing_table, "mqar_seeds": mqar_seeds_table,
           "vs_fla": vs_fla_table, "first_step": first_step_table,
           "first_step_h200": lambda: first_step_table(FIRST_STEP_H200), "compile_scope": compile_scope_table,

@@ -191,7 +191,7 @@ def test_the_lm_eval_route_gives_mode_retrievals_scores(run, tmp_path):
                                 f"out={tmp_path / 'own.json'}", "device=cpu"], "eval"))
     name = next(iter(own["summary"]))
     folder = tmp_path / "tasks"
-    RV.main([str(run), str(folder), "--tasks", *tasks, "--lengths", *map(str, lengths), "--depths", "3",
+    RV.main(["tasks", str(run), str(folder), "--tasks", *tasks, "--lengths", *map(str, lengths), "--depths", "3",
              "--samples", "2", "--haystack", "noise", "--digits", "4"])
     hf = export(str(run), tmp_path / "hf")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
