@@ -33,6 +33,25 @@ def help_text(what: str, config_name: str) -> str:
     return HELP.get(config_name, HELP["config"]) if what == "HEADER" else FOOTER
 
 
+def check_choices(args: list[str]) -> str | None:
+    """Why a `group=choice` argument names no config of conf/<group>/ (None: they all do), with close matches: Hydra
+    lists every option, the internal `<name>_schema` entries among them, and `pe=alibi_schema` trained. A sweep's
+    comma list is checked choice by choice; Hydra's sweep functions (`choice(...)`, `glob(...)`) are left to it."""
+    import difflib
+    for arg in args:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        folder = CONF / key
+        if not eq or "." in key or key.startswith("hydra/") or not folder.is_dir() or "(" in value:
+            continue
+        valid = sorted(p.stem for p in folder.glob("*.yaml"))
+        for v in value.split(","):
+            if v and v != "null" and v not in valid:
+                close = difflib.get_close_matches(v, valid, n=3)
+                hint = f"did you mean {' or '.join(close)}? " if close else ""
+                return f"{key}={v}: no such {key} config; {hint}valid choices: {', '.join(valid)}"
+    return None
+
+
 def _register_launcher():
     """hydra/launcher=gpus (hydra_plugins/duality_launcher): Hydra finds plugins by listing the hydra_plugins
     namespace's folders, which misses a package installed in editable mode (pip install -e: an import hook, not a
@@ -63,6 +82,9 @@ def cli(run_fn, config_name: str, script: str | None = None):
 
     OmegaConf.register_new_resolver("duality_help", lambda what: help_text(what, script or config_name), replace=True)
     _register_launcher()
+    if why := check_choices(sys.argv[1:]):
+        print(f"error: {why}", file=sys.stderr)
+        sys.exit(2)
 
     # an absolute path: with the repo pip-installed, Hydra would read a relative config_path as a Python package
     @hydra.main(config_path=str(CONF), config_name=config_name, version_base="1.3")

@@ -237,10 +237,13 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
                          int(cfg.get("workers") or 1), progress, total)
     n_docs = state["next_doc"]
     if not state["shards"]["train"] or not state["shards"]["val"]:
-        more = " or data.sample_by=paragraph (or line) to cut the files into more," if name == "text" else ""
-        raise ShardError(f"data={name}: {n_docs} documents are too few for a train/validation split (every "
-                         f"data.val_every={every}-th document is held out): give more documents,{more} or a smaller "
-                         f"data.val_every (at most {max(n_docs, 2)})")
+        # what helps: more documents (data=text: the same files cut by paragraph or line), then, with two or more,
+        # a smaller val_every (with one document no val_every holds one out)
+        ways = (["data.sample_by=paragraph (or line) to cut the files into more documents"] if name == "text" else [])
+        ways += ["more documents"] + ([f"a smaller data.val_every (at most {n_docs})"] if n_docs >= 2 else [])
+        raise ShardError(f"data={name}: {n_docs} document{'s are' if n_docs != 1 else ' is'} too few for a "
+                         f"train/validation split (every data.val_every={every}-th document is held out): use "
+                         + ", or ".join(ways))
     meta = {"name": name, "train": state["shards"]["train"], "val": state["shards"]["val"],
             "n_train_tokens": state["tokens"]["train"], "n_val_tokens": state["tokens"]["val"],
             "n_docs": n_docs, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "config": cfg}

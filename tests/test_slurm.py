@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, compose, free_port, metrics_rows, tiny_overrides, torchrun, torchrun_train
 
 from duality import train as train_lib
@@ -19,6 +20,30 @@ SLURM = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_NO
                                            ("a100-[3,5]", "a100-3"), ("localhost", "localhost")])
 def test_first_host_of_a_node_list(nodelist, host):
     assert first_host(nodelist) == host
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    """from_slurm sets torch's thread count for the tasks of a step: each test gets this process's back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_srun_tasks_share_the_cores_as_torchruns_do():
+    """Two tasks on a node: each gets its share of the cores (OMP_NUM_THREADS and torch's threads), or Slurm's
+    --cpus-per-task; a value the user set is kept (issue #76: two tasks on 2 cores ran 3x slower than one)."""
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2"}
+    from_slurm(env)
+    want = max(1, (os.cpu_count() or 1) // 2)
+    assert env["OMP_NUM_THREADS"] == str(want) and torch.get_num_threads() == want
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+           "SLURM_CPUS_PER_TASK": "3"}
+    from_slurm(env)
+    assert env["OMP_NUM_THREADS"] == "3" and torch.get_num_threads() == 3
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "OMP_NUM_THREADS": "5"}
+    from_slurm(env)
+    assert env["OMP_NUM_THREADS"] == "5"
 
 
 def test_only_a_step_that_srun_started_is_adopted():

@@ -250,8 +250,14 @@ def test_fused_loss_trains_like_the_plain_loss_and_the_profiler_writes_its_table
 
 def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):
     train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=2")))
-    with pytest.raises(ConfigError, match="cannot resume from pe config"):
+    with pytest.raises(ConfigError, match=r"cannot resume: pe.name was 'rope', now 'alibi'"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "pe=alibi")))
+    # a changed optimiser setting is named, with the override that continues the run (issue #76: both dicts, ~450
+    # characters, were printed)
+    with pytest.raises(ConfigError) as e:
+        train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "optim.lr=1e-3")))
+    assert str(e.value).startswith("cannot resume: optim.lr was 0.003, now 0.001. Resume with the checkpoint's "
+                                   "values (optim.lr=0.003)") and len(str(e.value)) < 200, str(e.value)
     with pytest.raises(ConfigError, match="resume=never"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "resume=never")))
     path = tmp_path / "checkpoints" / "step_0000002.pt"
@@ -276,7 +282,7 @@ def test_a_checkpoint_without_a_newer_model_option_resumes_with_its_default(tmp_
     ck = torch.load(path, weights_only=False)
     del ck["config"]["model"]["conv_init_std"]
     torch.save(ck, path)
-    with pytest.raises(ConfigError, match="cannot resume from model config"):
+    with pytest.raises(ConfigError, match="cannot resume: model.conv_init_std was"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "model.conv_init_std=0.02")))
     train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=3")))
     assert sorted(_losses(tmp_path)) == [1, 2, 3]

@@ -346,6 +346,9 @@ def load_weights(model, state: dict, path) -> None:
 RESUME_CHANGES = ("seed", "train.steps")  # what resume_changes may name
 
 
+_UNSET = object()
+
+
 def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
     from omegaconf import OmegaConf
 
@@ -359,9 +362,13 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
             now.pop("cache_dir", None), then.pop("cache_dir", None)
         if group == "model" and now.get("head") == "auto":  # the checkpoint holds the head auto resolved to
             now.pop("head"), then.pop("head", None)
-        if then != now:
-            raise ConfigError(f"cannot resume from {group} config {then}: this run's is {now}; use another out_dir "
-                              "(or resume=never in an empty one)")
+        if then != now:  # named key by key (both whole dicts were ~450 characters to read through)
+            diff = [f"{group}.{k} was {then.get(k, '(unset)')!r}, now {now.get(k, '(unset)')!r}"
+                    for k in sorted(set(then) | set(now), key=str) if then.get(k, _UNSET) != now.get(k, _UNSET)]
+            back = " ".join(f"{group}.{k}={then[k]}" for k in sorted(set(then) | set(now), key=str)
+                            if then.get(k, _UNSET) != now.get(k, _UNSET) and k in then)
+            raise ConfigError(f"cannot resume: {'; '.join(diff)}. Resume with the checkpoint's values ({back}), or "
+                              "use another out_dir (or resume=never in an empty one)")
     allowed = list(cfg.get("resume_changes") or [])
     if unknown := sorted(set(allowed) - set(RESUME_CHANGES)):
         raise ConfigError(f"resume_changes={allowed}: {unknown} cannot be changed on resume; valid: "
@@ -374,7 +381,8 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
     for key in ("global_batch_tokens", "batch_size"):
         if ckpt_cfg["train"].get(key) != cfg.train.get(key):
             raise ConfigError(f"cannot resume: train.{key} was {ckpt_cfg['train'].get(key)}, now {cfg.train.get(key)} "
-                              "(the data position is counted in global batches)")
+                              "(the data position is counted in global batches): resume with "
+                              f"train.{key}={ckpt_cfg['train'].get(key)}")
 
 
 def schedule_horizon(ckpt: dict | None, cfg, steps: int) -> int:

@@ -318,3 +318,9 @@ def from_slurm(env=os.environ) -> None:
                LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
     env.setdefault("MASTER_ADDR", first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST", "localhost")))
     env.setdefault("MASTER_PORT", "29500")
+    if "OMP_NUM_THREADS" not in env:  # as torchrun does: the node's cores shared by its tasks, not each task all of
+        # them (two tasks on 2 cores took 157 s for what one took 48 s, issue #76)
+        local = int(re.match(r"\d+", env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_STEP_NUM_TASKS"]).group(0))
+        threads = int(env.get("SLURM_CPUS_PER_TASK") or max(1, (os.cpu_count() or 1) // max(local, 1)))
+        env["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
