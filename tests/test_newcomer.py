@@ -1,0 +1,51 @@
+"""What a new user runs into (issue #76's snags, tried as the README's recipes on a CPU): each answered in one line
+that says what to do, or fixed. The other snags' tests sit with their subjects: a resume's changed setting named
+(test_train.py), srun's threads (test_slurm.py), one text document (test_data.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from duality import eval as eval_lib
+from duality import train as train_lib
+from duality.common.cli import check_choices
+from conftest import ROOT, compose, tiny_overrides
+
+LOCAL = str(ROOT / "evals" / "local_tasks")
+
+
+def test_a_choice_that_names_no_config_is_one_line_with_close_matches():
+    """pe=ropee listed Hydra's 34 lines of options, the internal *_schema entries among them; pe=alibi_schema
+    trained. Both are now one line naming the valid choices (no schema), with the close ones first."""
+    why = check_choices(["pe=ropee"])
+    assert why.startswith("pe=ropee: no such pe config; did you mean rope or vo_rope or nope? valid choices: alibi,")
+    assert "_schema" not in why and "\n" not in why
+    assert check_choices(["pe=alibi_schema"]).startswith("pe=alibi_schema: no such pe config;")
+    assert check_choices(["backbone=gla", "pe=rope", "model=370m", "data.files=x.txt", "+arch=sympow"]) is None
+    assert check_choices(["pe=nope,rope,selective_rope", "hydra/launcher=gpus", "pe=choice(a,b)"]) is None
+    assert check_choices(["-m", "pe=nope,ropr"]).startswith("pe=ropr: no such pe config; did you mean rope?")
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_an_unknown_choice_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "pe=alibi_schema", f"out_dir={tmp_path}"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: pe=alibi_schema:"), r.stderr
+    assert not list(tmp_path.iterdir())  # refused before any work
+
+
+@pytest.mark.slow
+def test_local_lm_eval_tasks_run_from_another_directory(tmp_path, data_cache, monkeypatch):
+    """evals/local_tasks' YAMLs read their JSONL from their own folder: `--include_path /abs/evals/local_tasks`
+    from another directory found no file (FileNotFoundError), as the YAML named it relative to the current one."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    run = tmp_path / "run"
+    train_lib.run(compose(tiny_overrides(run, data_cache, "train.steps=2", "model.seq_len=64")))
+    monkeypatch.chdir(tmp_path)
+    res = eval_lib.run(compose([f"ckpt={run}", "mode=lm_eval", f"lm_eval.include_path={LOCAL}", "device=cpu",
+                                "lm_eval.tasks=[pydoc_mc,pydoc_complete]", "lm_eval.limit=4",
+                                "lm_eval.max_length=256", f"out={tmp_path / 'lm.json'}"], "eval"))
+    scores = res["results"][str(run)]
+    assert 0 <= scores["pydoc_mc"]["acc,none"] <= 1 and "exact_match,none" in scores["pydoc_complete"]
