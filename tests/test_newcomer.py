@@ -49,3 +49,21 @@ def test_local_lm_eval_tasks_run_from_another_directory(tmp_path, data_cache, mo
                                 "lm_eval.max_length=256", f"out={tmp_path / 'lm.json'}"], "eval"))
     scores = res["results"][str(run)]
     assert 0 <= scores["pydoc_mc"]["acc,none"] <= 1 and "exact_match,none" in scores["pydoc_complete"]
+
+
+@pytest.mark.parametrize("world, micro", [(1, 8), (2, 4), (4, 2), (8, 1)])
+def test_the_default_config_divides_over_1_2_4_and_8_ranks_unchanged(world, micro, monkeypatch, capsys):
+    """`torchrun --nproc_per_node=2 train.py` raised the default global batch from 2,048 to 4,096 tokens: the README
+    promises the same run on any number of GPUs. The default micro-batch now shrinks instead, with a note; the
+    global batch stays. A micro-batch given on the command line is kept (then the batch rounds up, said once)."""
+    from duality.trainer import config as C
+    monkeypatch.setattr(C, "given", lambda key: False)  # nothing on the command line: the defaults
+    cfg = compose([])
+    plan = C.check_config(cfg, world)
+    assert cfg.train.global_batch_tokens == 2048 and cfg.train.micro_batch == micro
+    assert plan["batch_tokens"] == 2048 and plan["grad_accum"] == 2048 // (micro * cfg.model.seq_len * world)
+    assert ("note: train.micro_batch 8 -> " in capsys.readouterr().err) == (world > 1)
+    monkeypatch.setattr(C, "given", lambda key: key == "train.micro_batch")
+    cfg = compose(["train.micro_batch=3"])
+    C.check_config(cfg, 2)
+    assert cfg.train.micro_batch == 3 and cfg.train.global_batch_tokens == 2 * 3 * cfg.model.seq_len * 2

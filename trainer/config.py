@@ -154,6 +154,19 @@ def check_config(cfg, world: int = 1) -> dict:
         accum, batch_tokens = t.batch_size // per_micro, t.batch_size * seq
     else:
         per_micro = t.micro_batch * seq * world
+        if (t.global_batch_tokens % per_micro and world > 1 and not given("train.global_batch_tokens")
+                and not given("train.micro_batch")):
+            # the size's defaults on more ranks than the default micro-batch divides the batch over: a smaller
+            # micro-batch keeps the global batch, so the run is the one a single GPU makes (issue #76: 2 ranks ran
+            # 4,096-token batches where 1 ran 2,048)
+            fits = [m for m in range(t.micro_batch - 1, 0, -1) if t.global_batch_tokens % (m * seq * world) == 0]
+            if fits:
+                if os.environ.get("RANK", "0") == "0":
+                    print(f"note: train.micro_batch {t.micro_batch} -> {fits[0]}, so that the global batch of "
+                          f"{t.global_batch_tokens} tokens divides over {world} ranks (the run a single GPU makes; "
+                          "set train.micro_batch to choose)", file=sys.stderr)
+                t.micro_batch = fits[0]
+                per_micro = t.micro_batch * seq * world
         if t.global_batch_tokens % per_micro and world > 1 and not given("train.global_batch_tokens"):
             # the size's default batch on more GPUs than it divides over: the next multiple, said once
             adapted = -(-t.global_batch_tokens // per_micro) * per_micro
