@@ -201,6 +201,14 @@ def prepare(cfg, progress: bool = True, tokenizer: Tokenizer | None = None) -> D
     if name in ARRAYS:
         return ARRAYS[name](cfg, tokenizer)
     if tokenizer is not None:
+        # the run's own cache when it was prepared with this very tokenizer (eval.py on a run or its export: the
+        # corpus was tokenized into a second, byte-identical folder, issue #76); else a folder of its own
+        own = Path(cfg.get("cache_dir") or "cache") / f"{name}-{_key(cfg)}"
+        if name in SOURCES and (own / "meta.json").exists() and (own / "tokenizer.json").exists() and \
+                _read_json(own / "tokenizer.json") == tokenizer.to_dict() and (
+                    name not in FINGERPRINTS or ((own / "sources.json").exists()
+                                                 and _read_json(own / "sources.json") == FINGERPRINTS[name](cfg))):
+            return open_prepared(own)
         cfg["tokenizer"] = "given:" + hashlib.sha256(json.dumps(tokenizer.to_dict()).encode()).hexdigest()[:10]
     if name not in SOURCES:
         raise ShardError(f"unknown text source data={name!r}; valid choices: {sorted(SOURCES) + sorted(ARRAYS)} (a "

@@ -67,3 +67,24 @@ def test_the_default_config_divides_over_1_2_4_and_8_ranks_unchanged(world, micr
     cfg = compose(["train.micro_batch=3"])
     C.check_config(cfg, 2)
     assert cfg.train.micro_batch == 3 and cfg.train.global_batch_tokens == 2 * 3 * cfg.model.seq_len * 2
+
+
+def test_eval_on_a_run_or_its_export_reads_the_runs_data_cache(tmp_path):
+    """eval.py ckpt=<export> tokenized the corpus again into a second cache folder (its tokenizer key differed from
+    the run's) although the shards were byte-identical: the run's cache is used whenever its tokenizer is the
+    checkpoint's; another tokenizer still gets a folder of its own."""
+    from duality import data as data_lib
+    from duality.hf import export
+    cache = tmp_path / "cache"
+    run = tmp_path / "run"
+    train_lib.run(compose(tiny_overrides(run, cache, "train.steps=2")))
+    before = sorted(p.name for p in cache.iterdir())
+    assert len(before) == 1
+    hf = export(str(run), tmp_path / "hf")
+    for ckpt in (run, hf):
+        eval_lib.run(compose([f"ckpt={ckpt}", "mode=perplexity", "eval_tokens=256", "device=cpu",
+                              f"out={tmp_path / 'p.json'}"], "eval"))
+        assert sorted(p.name for p in cache.iterdir()) == before
+    cfg = dict(eval_lib.load_model(str(run))[2]["config"]["data"])
+    data_lib.prepare(cfg, progress=False, tokenizer=data_lib.Tokenizer("byte"))
+    assert len(list(cache.iterdir())) == 2
