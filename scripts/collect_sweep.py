@@ -1,7 +1,12 @@
-"""Collect a synthetic-task sweep into one table and one figure, best over the optimiser settings.
+"""Collect a sweep into one table and one figure: a synthetic-task sweep best over the optimiser settings, a
+language-model sweep run by run.
 
     python scripts/collect_sweep.py outputs/multirun/2026-11-22_10-00-00 [more sweep dirs] [--out DIR] \
         [--metric val_acc]
+
+A language-model sweep (no task_eval.json: runs on text data) gives one row per run with what the sweep varied, its
+last and best validation loss and perplexity and the tokens it saw (results_lm.md, results_lm.csv) and the
+validation loss against tokens of every run (results_lm.png), from each run's config.yaml and metrics.jsonl.
 
 Reads every <dir>/**/task_eval.json that train.py writes at the end of a task run. Runs that differ only in the
 optimiser (optim.lr, optim.weight_decay, ...) are one cell; the cell reports the best of them by --metric (seed 004's
@@ -57,9 +62,73 @@ def load(dirs) -> list[dict]:
             r = json.loads(f.read_text())
             r["dir"] = str(f.parent)
             runs.append(r)
-    if not runs:
-        raise SystemExit(f"no task_eval.json under {', '.join(map(str, dirs))}: did the sweep's runs finish?")
     return runs
+
+
+def load_lm(dirs) -> list[dict]:
+    """Every run of a language-model sweep: its config and the validation rows of its metrics.jsonl."""
+    runs = []
+    for d in dirs:
+        for f in sorted(Path(d).rglob("metrics.jsonl")):
+            if not (f.parent / "config.yaml").exists():
+                continue
+            rows = [json.loads(line) for line in f.read_text(errors="replace").splitlines() if line.strip()]
+            val = [r for r in rows if "val_loss" in r]
+            if val:
+                runs.append({"config": yaml.safe_load((f.parent / "config.yaml").read_text()), "val": val,
+                             "tokens": max((r.get("tokens") or 0) for r in rows), "dir": str(f.parent)})
+    return runs
+
+
+def collect_lm(runs, out: Path) -> str:
+    """results_lm.md / .csv / .png of a language-model sweep; returns the table."""
+    keys = [k for p in ("backbone", "pe", "model", "optim", "data", "train") for k in varying(runs, p)
+            if k.split(".")[-1] not in ("seed", "out_dir")]
+    seed_varies = len({r["config"].get("seed") for r in runs}) > 1
+    keys += ["seed"] if seed_varies else []
+    table = []
+    for r in runs:
+        c = r["config"]
+        flat = {k: v for p in ("backbone", "pe", "model", "optim", "data", "train")
+                for k, v in flatten(c.get(p, {}), p + ".").items()}
+        flat["seed"] = c.get("seed")
+        last, best = r["val"][-1], min(r["val"], key=lambda v: v["val_loss"])
+        table.append({"run": f"{c['backbone']['name']} + {pe_label(c['pe'])}", **{k: flat.get(k) for k in keys},
+                      "step": last.get("step"), "val_loss": last["val_loss"],
+                      "val_ppl": math.exp(min(last["val_loss"], 50)), "best_val_loss": best["val_loss"],
+                      "tokens": r["tokens"], "dir": r["dir"]})
+    order = sorted(range(len(table)), key=lambda i: table[i]["val_loss"])
+    table, runs = [table[i] for i in order], [runs[i] for i in order]
+    head = ["run", *keys, "step", "val_loss", "val_ppl", "best_val_loss", "tokens"]
+    lines = [f"Language-model sweep: {len(runs)} runs, by the last validation loss.", "",
+             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for t in table:
+        lines.append("| " + " | ".join(f"{t[h]:.4f}" if isinstance(t[h], float) and h != "tokens" else
+                                       (f"{t[h]:,}" if h == "tokens" else str(t[h])) for h in head) + " |")
+    text = "\n".join(lines) + "\n"
+    (out / "results_lm.md").write_text(text)
+    with open(out / "results_lm.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    try:
+        import matplotlib
+    except ImportError:
+        return text
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for t, r in zip(table, runs):
+        per_step = r["tokens"] / max(r["val"][-1]["step"], 1)
+        label = t["run"] + "".join(f" {k.split('.')[-1]}={t[k]}" for k in keys if k not in ("backbone.name", "pe.name"))
+        ax.plot([v["step"] * per_step for v in r["val"]], [v["val_loss"] for v in r["val"]], marker=".", label=label)
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("validation loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "results_lm.png")
+    return text
 
 
 def varying(runs, prefix: str) -> list[str]:
@@ -100,11 +169,21 @@ def main():
     ap.add_argument("--metric", default="val_acc", help="what 'best' maximises: val_acc (default) or val_acc_extrap")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    out = Path(args.out or args.dirs[0])
     runs = load(args.dirs)
+    if not runs:  # no synthetic-task run: a language-model sweep, run by run
+        lm = load_lm(args.dirs)
+        if not lm:
+            raise SystemExit(f"no finished run under {', '.join(map(str, args.dirs))}: neither a task_eval.json (a "
+                             "synthetic-task sweep) nor a metrics.jsonl with a validation loss beside a config.yaml "
+                             "(a language-model sweep)")
+        out.mkdir(parents=True, exist_ok=True)
+        print(collect_lm(lm, out))
+        print(f"wrote {out / 'results_lm.md'}, {out / 'results_lm.csv'}, {out / 'results_lm.png'}")
+        return
     best = collect(runs, args.metric)
     rows = sorted({r for r, _ in best})
     cols = sorted({c for _, c in best})
-    out = Path(args.out or args.dirs[0])
     out.mkdir(parents=True, exist_ok=True)
 
     def fmt(r, key):

@@ -147,8 +147,9 @@ def test_jsonl_is_known_by_its_extension_and_one_file_gets_an_error_that_says_wh
     with pytest.raises(ValueError) as e:  # one document: no data.val_every holds one out (issue #76 said "at most 2")
         data_lib.prepare({"name": "text", "files": str(tmp_path / "one.txt"), "format": "auto", "tokenizer": "byte",
                           "cache_dir": str(tmp_path / "o")}, progress=False)
-    assert str(e.value).startswith("data=text: 1 document is too few for a train/validation split") and (
-        "use data.sample_by=paragraph (or line) to cut the files into more documents, or more documents" in str(e.value))
+    msg = str(e.value)
+    assert msg.startswith("data=text: 1 document is too few for a train/validation split") and (
+        "use data.sample_by=paragraph (or line) to cut the files into more documents, or more documents" in msg)
     assert "val_every (at most" not in str(e.value)
     info = data_lib.prepare({"name": "text", "files": str(tmp_path / "one.txt"), "sample_by": "paragraph",
                              "tokenizer": "byte", "cache_dir": str(tmp_path / "p")}, progress=False)

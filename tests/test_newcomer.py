@@ -88,3 +88,52 @@ def test_eval_on_a_run_or_its_export_reads_the_runs_data_cache(tmp_path):
     cfg = dict(eval_lib.load_model(str(run))[2]["config"]["data"])
     data_lib.prepare(cfg, progress=False, tokenizer=data_lib.Tokenizer("byte"))
     assert len(list(cache.iterdir())) == 2
+
+
+@pytest.mark.slow
+def test_collect_sweep_reads_a_language_model_sweep(tmp_path, data_cache):
+    """collect_sweep.py on a finished text sweep said "no task_eval.json ... did the sweep's runs finish?": it now
+    tables every run by its validation loss (what the sweep varied, last and best loss, perplexity, tokens) and
+    draws the loss curves."""
+    args = [a for a in tiny_overrides(tmp_path / "unused", data_cache, "train.steps=4", "train.eval_interval=2")
+            if not a.startswith("out_dir=")]
+    r = subprocess.run([sys.executable, "train.py", "-m", "pe=nope,rope", f"hydra.sweep.dir={tmp_path}/sw", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "scripts/collect_sweep.py", str(tmp_path / "sw")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    table = (tmp_path / "sw" / "results_lm.md").read_text().splitlines()
+    assert table[2] == "| run | pe.name | step | val_loss | val_ppl | best_val_loss | tokens |"
+    rows = [line for line in table[4:] if line.startswith("| transformer + ")]
+    assert len(rows) == 2 and {row.split(" | ")[1] for row in rows} == {"nope", "rope"}
+    assert all(row.split(" | ")[2] == "4" for row in rows)
+    assert (tmp_path / "sw" / "results_lm.png").stat().st_size > 1000
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run([sys.executable, "scripts/collect_sweep.py", str(empty)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "neither a task_eval.json" in r.stderr
+
+
+@pytest.mark.slow
+def test_an_exports_tokenizer_loads_without_a_remote_code_prompt(tmp_path, data_cache):
+    """AutoTokenizer.from_pretrained(export) without trust_remote_code stopped at transformers' [y/N] prompt: it reads
+    config.json (whose auto_map names remote code) before the tokenizer. The documented way, a plain
+    PreTrainedTokenizerFast, loads in a fresh process with no import of duality and no prompt (stdin closed: a
+    prompt would fail), with the run's ids; AutoTokenizer with trust_remote_code=True gives the same."""
+    from duality.hf import export
+    run = tmp_path / "run"
+    train_lib.run(compose(tiny_overrides(run, data_cache, "train.steps=1")))
+    hf = export(str(run), tmp_path / "hf")
+    probe = ("import sys, json; from transformers import PreTrainedTokenizerFast, AutoTokenizer; "
+             "a = PreTrainedTokenizerFast.from_pretrained(sys.argv[1]); imported = 'duality' in sys.modules; "
+             "b = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True); "
+             "t = 'The module provides'; print(json.dumps([a(t).input_ids, b(t).input_ids, imported]))")
+    r = subprocess.run([sys.executable, "-c", probe, str(hf)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+    a, b, imported = json.loads(r.stdout.strip().splitlines()[-1])
+    assert a == b == eval_lib.load_model(str(run))[1].encode("The module provides")
+    assert imported is False
