@@ -28,7 +28,7 @@ import scale_report  # noqa: E402
 import seed_spread  # noqa: E402
 
 DOCS = ROOT / "docs"
-PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("*/README.md"))]
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("*/*.md"))]
 THROUGHPUT = [DOCS / "throughput/bench_train_124m.json", DOCS / "throughput/bench_train_370m.json"]
 VS_FLA = [DOCS / f"memory/{n}_370m_4096_h100.json" for n in ("fla_peers", "fused", "split", "profile", "peers_again")]
 FIRST_STEP = DOCS / "gpu/first_step_h100.json"
@@ -547,7 +547,7 @@ def summary_table() -> str:
                  f"{fla_ms - ours_ms:.1f} ms ({1 - ours_ms / fla_ms:.1%}) off GLA's compiled step ({ours_ms:.1f} "
                  f"against {fla_ms:.1f} ms with FLA's own kernel), the same memory: "
                  f"{gpu[2]['fla:gla'] / ours_ms:.2f}× FLA's `GLAForCausalLM` (measured in an earlier call)",
-                 f"H200, {dv['date']}", "docs/throughput/README.md"))
+                 f"H200, {dv['date']}", "docs/throughput/levers.md"))
     qs = list(map(load, QUACK_SWIGLU))
     pairs = quack_pairs()
     gains = [(case, 1 - q["ms"] / i["ms"], q["peak_mem_gib"] - i["peak_mem_gib"]) for _, case, i, q in pairs]
@@ -561,7 +561,7 @@ def summary_table() -> str:
                  f"validation loss after 2,000 steps {v['final_paired_diff']:+.3f} against Inductor's "
                  f"({v['worse_final']} seeds higher, inside the seeds' spread of {v['final_bf16_spread']:.2f}; "
                  f"eager against compiled, the same math, {ve['final_paired_diff']:+.3f}, {ve['worse_final']} higher)",
-                 f"H200, {qs[0]['date']}/{qs[-1]['date'][-2:]}", "docs/throughput/README.md"))
+                 f"H200, {qs[0]['date']}/{qs[-1]['date'][-2:]}", "docs/throughput/levers.md"))
     lk = load(LOSS_KERNEL)
     ways = {r["way"]: r for r in lk["loss"][0]["rows"]}
     saved = [c["peak_mem_gib"] - t["peak_mem_gib"] for c, t in _pairs(lk["steps"], "case", "impl",
@@ -578,13 +578,13 @@ def summary_table() -> str:
     rows.append(("float8 training (torchao, tensorwise) of the 1.3B transformer + RoPE's Linear layers",
                  f"{bf16['ms'] / tw['ms']:.2f}× bf16's step ({tw['ms']:.0f} against {bf16['ms']:.0f} ms, MFU "
                  f"{tw['mfu']:.2f}); train.float8, opt-in",
-                 f"{short_device(f8['device'])}, {f8['date']}", "docs/throughput/README.md"))
+                 f"{short_device(f8['device'])}, {f8['date']}", "docs/throughput/levers.md"))
     fp = load(FLOAT8_PARITY)
     (recipe, v), = fp["verdict"].items()
     rows.append(("float8's validation loss against bf16's, 1.3B, 2,000 steps, 2 seeds each",
                  f"{v['mean_paired_diff_late']:+.3f} behind its bf16 twin ({v['positive_late']} evaluations of the "
                  f"second half), bf16's seeds {v['mean_bf16_spread_late']:.3f} apart: a small systematic cost",
-                 f"{short_device(fp['device'])}, {fp['date']}", "docs/throughput/README.md"))
+                 f"{short_device(fp['device'])}, {fp['date']}", "docs/throughput/levers.md"))
     lg = load(LONGEST)
     mems = [r["peak_mem_gib"] for r in lg["rows"]]
     rows.append(("One 65,536-token sequence at 370m (full checkpointing, chunked loss)",
@@ -749,10 +749,10 @@ def verdicts_table() -> str:
     for v in load(VERDICTS)["claims"]:
         rec = load(DOCS / "synthetic" / v["record"])
         date = rec.get("date") or re.search(r"\d{4}-\d\d-\d\d", v["record"]).group(0)  # older records: the name's
-        against_code = v["seed_code"] + (f" ({link('docs/synthetic/README.md' + v['seed_code_anchor'], 'A/B')})"
+        against_code = v["seed_code"] + (f" ({link('docs/synthetic/' + v['seed_code_anchor'], 'A/B')})"
                                          if "seed_code_anchor" in v else "")
         lines.append(f"| {v['claim']} | {v['verdict']} | {against_code} | {short_device(rec['device'])}, {date} | "
-                     f"{link('docs/synthetic/README.md' + v.get('anchor', ''))} |")
+                     f"{link('docs/synthetic/' + v.get('anchor', 'README.md'))} |")
     return "\n".join(lines)
 
 
