@@ -1,4 +1,5 @@
 """Training throughput of every backbone x main scheme, next to a nanoGPT-style reference measured in the same run.
+(Over 500 lines: the cases, the runner, the FLA peers and the tables report.py draws from its records, kept together.)
 
     python scripts/bench_train.py                                   # all cases, 124m:1024 and 370m:4096, eager+compiled
     python scripts/bench_train.py --settings 124m:1024 --cases transformer+rope --compile on

@@ -1,4 +1,5 @@
 """Seed 004's own code beside this repo: S2 data in its format, its training run observed, one record, one figure.
+(Over 500 lines: the data writer, the observer of the seed's run and the comparison are one procedure.)
 
 The seed's code (timurcarstensen/selective-rope) is never copied here: `scripts/official_ab.sh` fetches it into a
 git-ignored folder and runs it through this file, which only writes its data and watches its evaluations.

@@ -125,23 +125,6 @@ def test_compile_mode_and_scope_reach_this_repos_cases_only(monkeypatch):
     assert calls == [None, None] and model.compiled_head is None
 
 
-@pytest.mark.slow
-def test_compile_scope_script_compares_equal_steps(monkeypatch):
-    """scripts/compile_scope.py's child on the CPU (aot_eager backend): the same first loss in both scopes, one graph
-    for the whole model, two (one block for all, the head) block by block."""
-    import compile_scope
-    from torch._dynamo.utils import counters
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend="aot_eager", **kw))
-    rows = {}
-    for scope in ("model", "blocks"):
-        torch._dynamo.reset()
-        counters.clear()
-        rows[scope] = compile_scope.child("gla+nope", "tiny", 32, 2, 1, scope)
-    assert rows["model"]["loss"] == rows["blocks"]["loss"]
-    assert (rows["model"]["graphs"], rows["blocks"]["graphs"]) == (1, 2)
-
-
 def test_vs_fla_table_from_runs_and_call_records(tmp_path):
     """--vs-fla: each case's latest valid row across files (a run's {"rows"} and docs/memory's {"calls"}; ours from
     the FLA row's own call where it has one), the ratios FLA ms / ours compiled ms and ours GiB / FLA GiB, the goals,
@@ -197,4 +180,3 @@ def test_kernel_breakdown_sorts_kernels_by_kind_and_shows_the_idle_time():
     assert slowed[-1] == ("(the profiler slowed the steps from 20.0 to 70.0 ms, the host's launches lagging, so most "
                           "of that idle time is the profiler's; against the unprofiled step the kernels leave 3.4 ms)")
     assert "slowed" not in "\n".join(text)
-
