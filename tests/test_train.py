@@ -250,7 +250,8 @@ def test_fused_loss_trains_like_the_plain_loss_and_the_profiler_writes_its_table
 
 def test_resume_refuses_other_model_and_broken_checkpoint(tmp_path, data_cache):
     train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=2")))
-    with pytest.raises(ConfigError, match=r"cannot resume: pe.name was 'rope', now 'alibi'"):
+    with pytest.raises(ConfigError, match=r"cannot resume: pe was rope, now alibi. Resume with the checkpoint's "
+                                          r"values \(pe=rope\)"):
         train_lib.run(compose(tiny_overrides(tmp_path, data_cache, "train.steps=4", "pe=alibi")))
     # a changed optimiser setting is named, with the override that continues the run (issue #76: both dicts, ~450
     # characters, were printed)

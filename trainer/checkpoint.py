@@ -363,10 +363,13 @@ def check_resume_compatible(ckpt_cfg: dict, cfg) -> None:
         if group == "model" and now.get("head") == "auto":  # the checkpoint holds the head auto resolved to
             now.pop("head"), then.pop("head", None)
         if then != now:  # named key by key (both whole dicts were ~450 characters to read through)
-            diff = [f"{group}.{k} was {then.get(k, '(unset)')!r}, now {now.get(k, '(unset)')!r}"
-                    for k in sorted(set(then) | set(now), key=str) if then.get(k, _UNSET) != now.get(k, _UNSET)]
-            back = " ".join(f"{group}.{k}={then[k]}" for k in sorted(set(then) | set(now), key=str)
-                            if then.get(k, _UNSET) != now.get(k, _UNSET) and k in then)
+            if then.get("name") != now.get("name") and group in ("backbone", "pe", "data"):
+                diff, back = [f"{group} was {then.get('name')}, now {now.get('name')}"], f"{group}={then.get('name')}"
+            else:
+                keys = [k for k in sorted(set(then) | set(now), key=str) if then.get(k, _UNSET) != now.get(k, _UNSET)]
+                show = lambda d, k: repr(d[k]) if k in d else "unset"  # noqa: E731
+                diff = [f"{group}.{k} was {show(then, k)}, now {show(now, k)}" for k in keys]
+                back = " ".join(f"{group}.{k}={then[k]}" if k in then else f"~{group}.{k}" for k in keys)
             raise ConfigError(f"cannot resume: {'; '.join(diff)}. Resume with the checkpoint's values ({back}), or "
                               "use another out_dir (or resume=never in an empty one)")
     allowed = list(cfg.get("resume_changes") or [])
