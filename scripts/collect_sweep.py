@@ -80,6 +80,15 @@ def load_lm(dirs) -> list[dict]:
     return runs
 
 
+def write_table(stem: Path, text: str, table: list[dict]) -> None:
+    """stem.md (the markdown table) and stem.csv (its rows)."""
+    stem.with_suffix(".md").write_text(text)
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+
+
 def collect_lm(runs, out: Path) -> str:
     """results_lm.md / .csv / .png of a language-model sweep; returns the table."""
     keys = [k for p in ("backbone", "pe", "model", "optim", "data", "train") for k in varying(runs, p)
@@ -106,11 +115,7 @@ def collect_lm(runs, out: Path) -> str:
         lines.append("| " + " | ".join(f"{t[h]:.4f}" if isinstance(t[h], float) and h != "tokens" else
                                        (f"{t[h]:,}" if h == "tokens" else str(t[h])) for h in head) + " |")
     text = "\n".join(lines) + "\n"
-    (out / "results_lm.md").write_text(text)
-    with open(out / "results_lm.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
+    write_table(out / "results_lm", text, table)
     try:
         import matplotlib
     except ImportError:
@@ -217,11 +222,7 @@ def main():
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
-    (out / "results.md").write_text(text)
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
+    write_table(out / "results", text, table)
 
     try:
         import matplotlib
