@@ -608,8 +608,8 @@ def test_cli_error_is_clean(tmp_path):
     r = _python("train.py", "backbone=linear_attn", "pe=alibi", f"out_dir={tmp_path}")
     assert r.returncode == 2 and r.stderr.startswith("error: pe=alibi is a score scheme")
     assert "Traceback" not in r.stderr
-    r = _python("train.py", "pe=ropee", f"out_dir={tmp_path}")
-    assert r.returncode != 0 and "Available options in 'pe'" in r.stderr
+    r = _python("train.py", "pe=ropee", f"out_dir={tmp_path}")  # one line, close matches first (issue #76)
+    assert r.returncode == 2 and r.stderr.startswith("error: pe=ropee: no such pe config; did you mean rope")
 
 
 def test_eval_perplexity_equals_training_validation_and_sample(tmp_path, data_cache):
