@@ -16,6 +16,10 @@ then read a value back to the host or change shape, which is why the position is
 buffers. A step with a changing shape is kept where a scheme needs one: T5's and Transformer-XL's biases are built
 for a growing cache (`refusal` names them); those models decode eagerly through the same loop.
 
+compile=True (generate's, and DualityForCausalLM.generate's compile_step=True) runs the step through torch.compile
+before the capture: inductor fuses each layer's element-wise work, the launches a replay still pays for (a 370m GLA:
+1.82 -> 1.29 ms a token on an H200, docs/inference.md); a compilation per batch size and buffer length.
+
 `generate` is the loop: sampling on the GPU (greedy, temperature, top-k, top-p), end-of-sequence rows padded and
 the loop stopped once every row has ended, as transformers' generate does (hf.py routes its generate here when the
 request needs nothing else; tests/test_decode.py checks the two give the same tokens).
