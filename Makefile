@@ -51,10 +51,10 @@ gpu-test: $(ENV)
 # training steps of every backbone x scheme vs the nanoGPT reference, then the kernels, the attention kernel against
 # its peers, the rotation kernel: tables, JSON and plots in docs/throughput, docs/attention
 bench: $(ENV)
-	$(PY) scripts/bench_train.py $(BENCH_ARGS)
-	$(PY) scripts/bench_kernels.py
-	$(PY) scripts/bench_attention.py --memory --out docs/attention
-	$(PY) scripts/bench_rotary.py --json docs/throughput/bench_rotary.json
+	$(PY) benchmarks/bench_train.py $(BENCH_ARGS)
+	$(PY) benchmarks/bench_kernels.py
+	$(PY) benchmarks/bench_attention.py --memory --out docs/attention
+	$(PY) benchmarks/bench_rotary.py --json docs/throughput/bench_rotary.json
 
 clean:
 	rm -rf outputs cache wandb .pytest_cache

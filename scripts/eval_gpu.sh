@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # eval.py on a GPU (issue #6): two 124m models trained briefly on the embedded corpus (transformer + RoPE, GLA +
 # NoPE), then every mode. Phase `train`: training, perplexity, sample, the adapter's scoring throughput
-# (scripts/bench_lm_eval.py). Phase `eval`: position_loss (both on one plot), kernel pictures, and lm_eval on the
+# (benchmarks/bench_lm_eval.py). Phase `eval`: position_loss (both on one plot), kernel pictures, and lm_eval on the
 # local tasks (needs the datasets stack: pyarrow, pandas, datasets) plus a built-in task offline (its error).
 # The two phases can run in two calls on one machine (the checkpoints stay in /tmp/eval_gpu_runs).
 # Usage: [STEPS=200] bash scripts/eval_gpu.sh OUT [all|train|eval]
@@ -22,7 +22,7 @@ if [ "$PHASE" != eval ]; then
   python3 eval.py "ckpt=$CKPTS" mode=perplexity out=$OUT/perplexity.json 2>&1 | quiet | tail -3
   python3 eval.py ckpt=$RUNS/transformer-rope mode=sample prompt="The module" max_new_tokens=40 temperature=0 \
     out=$OUT/sample.json 2>&1 | quiet | tail -3
-  timeout 300 python3 scripts/bench_lm_eval.py $RUNS/transformer-rope $RUNS/gla-nope --batch-sizes 1 16 64 2>&1 \
+  timeout 300 python3 benchmarks/bench_lm_eval.py $RUNS/transformer-rope $RUNS/gla-nope --batch-sizes 1 16 64 2>&1 \
     | tee "$OUT/bench_lm_eval.md"
 fi
 if [ "$PHASE" != train ]; then

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "benchmarks")]  # the benchmarks' and tools' own table functions
 
 import bench_train  # noqa: E402  (the benchmark's own table functions)
 import longest_cp  # noqa: E402
@@ -55,8 +55,9 @@ QKV_OTHERS = DOCS / "throughput/qkv_split_h200_2026-11-28.json"  # RetNet, Mamba
 GLA_LEVERS = DOCS / "throughput/gla_levers_h200_2026-11-28.json"  # quack's input cast in the graph; FLA as custom ops
 GLA_DV = DOCS / "throughput/gla_dv_h200_2026-11-28.json"  # GLA backward's value gradient on tensor cores
 GDN_V = DOCS / "throughput/gdn_v_h200_2026-11-28.json"  # DeltaNet's v convolved apart (reverted)
-# decoding (scripts/bench_decode.py): the grid; GLA and the transformer again with FLA's GLA (the grid's run stopped at
-# its time limit before them); FLA's GLA beside ours in one process; batch 1 after the decoding steps' kernels
+# decoding (benchmarks/bench_decode.py): the grid; GLA and the transformer again with FLA's GLA (the grid's run
+# stopped at its time limit before them); FLA's GLA beside ours in one process; batch 1 after the decoding steps'
+# kernels
 DECODE_FLA = DOCS / "inference/decode_fla_h200_2026-11-29.json"
 DECODE = [DOCS / "inference/decode_h200_2026-11-29.json", DOCS / "inference/decode_peers_h200_2026-11-29.json",
           DECODE_FLA, DOCS / "inference/decode_after_h200_2026-11-29.json",
@@ -161,7 +162,7 @@ def _pair(a: dict, b: dict, key: str, fmt: str) -> str:
 
 
 def loss_kernel_table() -> str:
-    """scripts/bench_loss.py (the loss alone, each way) and bench_train's steps with either model.fused_loss_impl."""
+    """benchmarks/bench_loss.py (the loss alone, each way) and bench_train's steps with either model.fused_loss_impl."""
     rec = load(LOSS_KERNEL)
     lines = ["| shape | way | ms, forward + backward | peak GiB over the inputs |", "|---|---|---:|---:|"]
     for part in rec["loss"]:
@@ -217,7 +218,7 @@ def parity_table(path: Path, base: str = "bf16") -> str:
 
 
 def mlp_numerics_table() -> str:
-    """scripts/mlp_numerics.py's record: each SwiGLU impl's distance from float64, output and gradients."""
+    """benchmarks/mlp_numerics.py's record: each SwiGLU impl's distance from float64, output and gradients."""
     rec = load(MLP_NUMERICS)
     lines = ["| tokens | impl | rel. error: y / dx / dW13 / dW2 | bias along the reference: y / dx / dW13 / dW2 | "
              "two calls differ by |", "|---|---|---:|---:|---:|"]
@@ -304,7 +305,7 @@ def profiles_table() -> str:
     lines.append("| the step, unprofiled | " + " | ".join(f"{st:.1f}" for st, _ in cols.values()) + " |")
     files = ", ".join(f"[{f}]({rel(DOCS / 'throughput' / f)})" for f in rec["profiles"].values())
     return "\n".join(lines) + (f"\n\n{short_device(rec['device'])}, {rec['date']}, {rec['software']}, "
-                               f"{rec['settings']}, code {rec['code'].split(' ')[0]}; `scripts/bench_train.py "
+                               f"{rec['settings']}, code {rec['code'].split(' ')[0]}; `benchmarks/bench_train.py "
                                f"--profile` (3 profiled steps after the timed ones): {files}.")
 
 
@@ -380,7 +381,7 @@ def multi_gpu_table() -> str:
     lines.append(f"| the 2-GPU run resumed from step 100, against itself uninterrupted | "
                  f"{rec['resume_max_abs_loss_diff']:.2g} | | | |")
     where = f"{short_device(rec['device'])}, {rec['date']}, {rec['software']}"
-    return "\n".join(lines) + f"\n\n{where}: `bash scripts/multi_gpu.sh OUT`"
+    return "\n".join(lines) + f"\n\n{where}: `bash benchmarks/multi_gpu.sh OUT`"
 
 
 def dcp_table() -> str:
@@ -469,7 +470,7 @@ def fsdp2_calls_table(path: Path) -> str:
 
 
 def scale_table(path: Path) -> str:
-    """scripts/scale.sh's record: throughput against 1 GPU, fp32 losses, the sweep."""
+    """benchmarks/scale.sh's record: throughput against 1 GPU, fp32 losses, the sweep."""
     rec = load(path)
     return scale_report.table(rec) + (f"\n\n{rec['device']}, {rec['date']}: " +
                                       "; ".join(f"`{c}`" for c in rec["commands"]) + f" ({rec['settings']})")
@@ -701,7 +702,7 @@ def summary_table() -> str:
 
 
 def decode_table() -> str:
-    """Every decoding measurement (scripts/bench_decode.py's records): ms a new token, tokens/s, prefill time and
+    """Every decoding measurement (benchmarks/bench_decode.py's records): ms a new token, tokens/s, prefill time and
     peak memory by case, batch and prompt length."""
     lines = ["| case | batch | prompt | ms / token | tokens/s | prefill ms | peak GiB | commit | record |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|"]

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 FLA_BACKBONES = ["gla", "retnet", "mamba2", "linear_attn", "deltanet", "gated_deltanet", "gated_oja", "path",
                  "path_fox"]

@@ -1,4 +1,4 @@
-"""scripts/bench_train.py: every case it names is a valid configuration, and its reference is the GPT-2 it claims."""
+"""benchmarks/bench_train.py: every case it names is a valid configuration, and its reference is the GPT-2 it claims."""
 
 import json
 import sys

@@ -449,9 +449,9 @@ def test_eval_reads_an_export_as_it_reads_the_run(ckpt, tmp_path):
 
 
 def test_bench_forward_seconds_counts_only_the_model_calls(monkeypatch):
-    """scripts/bench_lm_eval.py's forwards-alone rate: the time inside each _forward of one pass (synchronised
+    """benchmarks/bench_lm_eval.py's forwards-alone rate: the time inside each _forward of one pass (synchronised
     before and after), not the scorer's own work around them; the instance's method is restored."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_lm_eval
     clock = [0.0]
     monkeypatch.setattr(bench_lm_eval, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))

@@ -410,7 +410,7 @@ def test_quack_swiglu_matches_the_pytorch_form(monkeypatch):
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("quack"), reason="needs quack-kernels")
 def test_quack_swiglu_is_as_close_to_float64_as_the_pytorch_form():
-    """scripts/mlp_numerics.py at a 370m layer's size: quack's output and gradients no further from float64 than the
+    """benchmarks/mlp_numerics.py at a 370m layer's size: quack's output and gradients no further from float64 than the
     PyTorch form's (H200, 2026-11-28: 0.0023-0.0035 against 0.0038-0.0039) and the same from call to call, so a
     training curve that differs with quack does not come from a less exact layer."""
     from mlp_numerics import compare

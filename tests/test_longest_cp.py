@@ -1,5 +1,5 @@
-"""scripts/longest_cp.py on the CPU with gloo: one sequence split over 2 processes gives the one-process loss, and the
-report names the longest length per process count (the GPU measurement: docs/multi_gpu)."""
+"""benchmarks/longest_cp.py on the CPU with gloo: one sequence split over 2 processes gives the one-process loss, and
+the report names the longest length per process count (the GPU measurement: docs/multi_gpu)."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "longest_cp.py"
+SCRIPT = ROOT / "benchmarks" / "longest_cp.py"
 
 
 def _run(tmp_path, n, case, documents=0):
@@ -46,7 +46,7 @@ def test_split_sequence_matches_one_process(tmp_path, case, documents):
 
 
 def test_summary_reads_an_oom_row(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     from longest_cp import summarise
     row = {"case": "gla+nope", "size": "370m", "device": "H100", "loss": 10.0, "tokens_per_s": 1.0}
     rows = [{**row, "gpus": 1, "seq_len": 65536}, {**row, "gpus": 1, "seq_len": 262144},

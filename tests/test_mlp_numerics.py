@@ -1,4 +1,4 @@
-"""scripts/mlp_numerics.py: a SwiGLU impl's output and gradients against float64 on the same bf16-rounded tensors."""
+"""benchmarks/mlp_numerics.py: a SwiGLU impl's output and gradients against float64 on the same bf16-rounded tensors."""
 
 import pytest
 from mlp_numerics import compare, main

@@ -1,4 +1,4 @@
-"""scripts/scale.sh and scale_report.py (the 8-GPU scaling record): the script's commands run at the tiny size on the
+"""benchmarks/scale.sh and scale_report.py (the 8-GPU scaling record): the script's commands run at the tiny size on the
 CPU with gloo (SMOKE=1), and the report's arithmetic on known numbers."""
 
 import contextlib
@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import scale_report  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def test_report_scaling_efficiency_and_loss_differences(tmp_path):
 def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
     env = {**os.environ, "SMOKE": "1", "STEPS": "3", "LOSS_STEPS": "4", "WORK": str(tmp_path / "work"),
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path), "all"], cwd=ROOT, env=env, capture_output=True,
+    r = subprocess.run(["bash", "benchmarks/scale.sh", str(tmp_path), "all"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.count("rc=0") == 8, r.stdout[-3000:]
     rec = json.loads((tmp_path / "scale.json").read_text())
@@ -64,7 +64,7 @@ def test_the_script_runs_every_command_at_the_tiny_size_on_the_cpu(tmp_path):
 def test_small_and_large_choose_the_throughput_cases(tmp_path):
     env = {**os.environ, "SMOKE": "1", "STEPS": "2", "NGPUS": "1", "SMALL": "transformer rope", "LARGE": "",
            "WORK": str(tmp_path / "work"), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path), "throughput"], cwd=ROOT, env=env,
+    r = subprocess.run(["bash", "benchmarks/scale.sh", str(tmp_path), "throughput"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.count("rc=0") == 2, r.stdout[-3000:]
     rec = json.loads((tmp_path / "scale.json").read_text())
@@ -80,8 +80,9 @@ def test_four_gloo_processes_give_one_process_losses_and_every_run_starts_fresh(
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
 
     def loss(ngpus, steps):
-        r = subprocess.run(["bash", "scripts/scale.sh", str(tmp_path / "out"), "loss"], cwd=ROOT, capture_output=True,
-                           env={**env, "NGPUS": ngpus, "LOSS_STEPS": steps}, text=True, timeout=600)
+        r = subprocess.run(["bash", "benchmarks/scale.sh", str(tmp_path / "out"), "loss"], cwd=ROOT,
+                           capture_output=True, env={**env, "NGPUS": ngpus, "LOSS_STEPS": steps}, text=True,
+                           timeout=600)
         assert r.returncode == 0 and r.stdout.count("rc=0") == len(ngpus.split()), r.stdout[-3000:]
         return json.loads((tmp_path / "out" / "scale.json").read_text())["loss"]
     assert loss("1", "4")["1"]["steps"] == 4
@@ -95,7 +96,7 @@ def _script_in_its_first_run(tmp_path, out, **env):
     rows; a script still alive at the end (a test that failed) is stopped with its process group."""
     env = {**os.environ, "SMOKE": "1", "NGPUS": "1", "STEPS": "1000000", "WORK": str(tmp_path / "work"),
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", **env}
-    p = subprocess.Popen(["bash", "scripts/scale.sh", str(out), "throughput"], cwd=ROOT, env=env,
+    p = subprocess.Popen(["bash", "benchmarks/scale.sh", str(out), "throughput"], cwd=ROOT, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         rows = tmp_path / "work" / "tp_tiny_transformer_ddp_n1" / "metrics.jsonl"

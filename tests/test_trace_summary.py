@@ -1,4 +1,4 @@
-"""scripts/trace_summary.py: a hand-made trace's step time, GPU busy time, compute and exposed NCCL time, by hand."""
+"""benchmarks/trace_summary.py: a hand-made trace's step time, GPU busy time, compute and exposed NCCL time, by hand."""
 
 import json
 import subprocess
@@ -46,7 +46,7 @@ def test_summary_of_a_hand_made_trace():
 
 def test_cli_prints_and_writes_the_summary(tmp_path):
     (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": EVENTS}))
-    p = subprocess.run([sys.executable, str(ROOT / "scripts/trace_summary.py"), str(tmp_path / "trace.json"),
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/trace_summary.py"), str(tmp_path / "trace.json"),
                         "--json", str(tmp_path / "s.json")], capture_output=True, text=True, check=True)
     assert p.stdout.startswith("2 steps, ms a step: host 0.1, GPU busy 0.1 (idle 0.0), compute 0.0, NCCL 0.0 of "
                                "which exposed 0.0")

@@ -285,7 +285,7 @@ if triton is not None:
 
 
 # Tile sizes: (held block, inner block, warps, stages) per kernel. The held block is shared by all three kernels (one
-# block table for packed input); inner blocks must divide it. scripts/bench_attention.py sweeps them; these are the
+# block table for packed input); inner blocks must divide it. benchmarks/bench_attention.py sweeps them; these are the
 # fastest on an H100 at D = 64 (the power path's dk/dv kernel holds more tiles at once and wants a smaller inner
 # block).
 CONFIG = {"block": 128, "fwd": (64, 4, 3), "dkdv": (32, 4, 3), "dkdv_power": (16, 4, 3), "dq": (64, 4, 3)}

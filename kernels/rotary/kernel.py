@@ -143,7 +143,7 @@ def _flat(x, B, T, any_last_stride=False):
 
 def _block_t() -> int:
     """Tokens per chunk (the benchmark sweeps ROTARY_BLOCK_T)."""
-    return int(os.environ.get("ROTARY_BLOCK_T", 32))  # fastest of 32 / 64 / 128 on an H100 (scripts/bench_rotary.py)
+    return int(os.environ.get("ROTARY_BLOCK_T", 32))  # fastest of 32 / 64 / 128 on an H100 (benchmarks/bench_rotary.py)
 
 
 def _operands(dphi, theta, B, T, H, D2, placeholder):

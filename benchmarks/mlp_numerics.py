@@ -5,8 +5,8 @@ drifts with one impl (docs/throughput: quack's loss check) asks first whether th
 Per tensor: rel = |g - r| / |r| (Frobenius), bias = <g - r, r> / |r|^2 (a shrink or a growth along the reference),
 and the largest difference between two calls of the same impl (0: deterministic).
 
-    python scripts/mlp_numerics.py --impls inductor quack --shapes 2x4096 8x4096 --out numerics.json   # a GPU
-    python scripts/mlp_numerics.py --impls inductor --d-model 64 --hidden 176 --shapes 2x32             # the CPU
+    python benchmarks/mlp_numerics.py --impls inductor quack --shapes 2x4096 8x4096 --out numerics.json   # a GPU
+    python benchmarks/mlp_numerics.py --impls inductor --d-model 64 --hidden 176 --shapes 2x32             # the CPU
 """
 
 import argparse

@@ -1,11 +1,11 @@
 """Time to the first training step of a fresh process on a fresh machine, per backbone: what a user renting a GPU
 waits before anything trains.
 
-    python scripts/first_step.py                                   # every bench_train case, 370m/4096, compiled
-    python scripts/first_step.py --cases gla+nope gated_deltanet+nope --configs off    # FLA autotuning, as before
-    python scripts/first_step.py --out docs/gpu/first_step_h100.json --resume          # add the cases not yet there
-    DUALITY_TUNE_OUT=/tmp/t python scripts/first_step.py   # also dump what each case autotuned (tune_kernels --merge)
-    python scripts/first_step.py --set train.compile_scope=model    # the whole model one graph (default: by block)
+    python benchmarks/first_step.py                                   # every bench_train case, 370m/4096, compiled
+    python benchmarks/first_step.py --cases gla+nope gated_deltanet+nope --configs off    # FLA autotuning, as before
+    python benchmarks/first_step.py --out docs/gpu/first_step_h100.json --resume          # add the cases not yet there
+    DUALITY_TUNE_OUT=/tmp/t python benchmarks/first_step.py  # also dump what each case autotuned (tune_kernels)
+    python benchmarks/first_step.py --set train.compile_scope=model    # the whole model one graph (default: by block)
 
 Each case runs in its own process with empty Triton and Inductor caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR
 in a new temporary folder), so every kernel is compiled (and, without shipped configs, autotuned) as on a new
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def child(case: str, size: str, seq: int, compiled: bool, overrides=()):

@@ -1,8 +1,8 @@
 """The LM head's loss alone, forward + backward, by each way this repo can form it (`model.fused_loss`,
 `model.fused_loss_impl`): time and peak memory at one training step's shape.
 
-    python scripts/bench_loss.py                                   # 370m/4096: 32,768 tokens, d 1024, vocab 32k
-    python scripts/bench_loss.py --tokens 32768 --d-model 768 --vocab 50304 --json docs/throughput/loss_h100.json
+    python benchmarks/bench_loss.py                                   # 370m/4096: 32,768 tokens, d 1024, vocab 32k
+    python benchmarks/bench_loss.py --tokens 32768 --d-model 768 --vocab 50304 --json docs/throughput/loss_h100.json
 
 Ways, each a function of the final norm's bf16 output h [N, d], the fp32 head weight W [V, d] and the targets:
     logits             F.cross_entropy(h W^T in fp32), compiled (model.fused_loss=false)

@@ -1,8 +1,8 @@
 """Where a model's training memory goes: every tensor autograd keeps for backward, by the module that saved it.
 
-    python scripts/saved_activations.py --cases gla+nope fla:gla --setting 370m:4096
-    python scripts/saved_activations.py --cases gla+nope --set train.activation_checkpointing=selective
-    python scripts/saved_activations.py --cases retnet+nope --setting tiny:64 --like-fla   # on a CPU, as on a GPU
+    python benchmarks/saved_activations.py --cases gla+nope fla:gla --setting 370m:4096
+    python benchmarks/saved_activations.py --cases gla+nope --set train.activation_checkpointing=selective
+    python benchmarks/saved_activations.py --cases retnet+nope --setting tiny:64 --like-fla   # on a CPU, as on a GPU
 
 One eager forward (bf16 autocast, the device's) of one micro-batch of random tokens, under
 `torch.autograd.graph.saved_tensors_hooks`: each saved tensor is attributed to the innermost module running when it
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_train  # noqa: E402
 
 

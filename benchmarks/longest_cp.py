@@ -1,7 +1,7 @@
 """The longest sequence that trains one step on N GPUs, each holding 1/N of it (train.context_parallel=N).
 
-    torchrun --nproc_per_node=N scripts/longest_cp.py --case gla+nope --size 370m --out OUT/longest_cp.jsonl
-    python scripts/longest_cp.py --report OUT/longest_cp.jsonl [--record docs/multi_gpu/cp_longest_h100.json]
+    torchrun --nproc_per_node=N benchmarks/longest_cp.py --case gla+nope --size 370m --out OUT/longest_cp.jsonl
+    python benchmarks/longest_cp.py --report OUT/longest_cp.jsonl [--record docs/multi_gpu/cp_longest_h100.json]
 
 A step is train.py's (`train_step`): forward, backward, gradient clipping, fused AdamW, bf16 autocast, one sequence
 of random tokens (the same on every rank for a length: seeded), each rank its contiguous slice, the model called with
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_train import SETTINGS, build  # noqa: E402
 
 UNIT = 65536

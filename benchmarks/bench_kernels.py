@@ -1,6 +1,6 @@
 """Kernel-level benchmark of what the mixers call that bench_attention.py / bench_rotary.py do not cover, in one run.
 
-    python scripts/bench_kernels.py [--out docs/throughput] [--shapes 4x4096 1x16384] [--only gla gated_delta_rule]
+    python benchmarks/bench_kernels.py [--out docs/throughput] [--shapes 4x4096 1x16384] [--only gla gated_delta_rule]
 
 Forward and forward + backward (gradients to every input that needs one), bf16 inputs, each timed twice: the median
 wall time of triton.testing.do_bench and the GPU time of the kernels alone (torch.profiler), which differ where the

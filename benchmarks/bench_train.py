@@ -1,16 +1,16 @@
 """Training throughput of every backbone x main scheme, next to a nanoGPT-style reference measured in the same run.
 (Over 500 lines: the cases, the runner, the FLA peers and the tables report.py draws from its records, kept together.)
 
-    python scripts/bench_train.py                                   # all cases, 124m:1024 and 370m:4096, eager+compiled
-    python scripts/bench_train.py --settings 124m:1024 --cases transformer+rope --compile on
-    python scripts/bench_train.py --settings 370m:16384 --compile on --cases transformer+rope gla+nope
-    python scripts/bench_train.py --loop                            # the training loop's own cost, and a profile
-    python scripts/bench_train.py --cases ref transformer+rope --set model.fused_loss=true --tag _fused   # a lever
-    python scripts/bench_train.py --resume          # go on from the rows of a run cut short (its .partial.json)
-    python scripts/bench_train.py --merge docs/throughput/bench_train_370m.json docs/throughput/bench_train.json \
+    python benchmarks/bench_train.py                                # all cases, 124m:1024 and 370m:4096, eager+compiled
+    python benchmarks/bench_train.py --settings 124m:1024 --cases transformer+rope --compile on
+    python benchmarks/bench_train.py --settings 370m:16384 --compile on --cases transformer+rope gla+nope
+    python benchmarks/bench_train.py --loop                            # the training loop's own cost, and a profile
+    python benchmarks/bench_train.py --cases ref transformer+rope --set model.fused_loss=true --tag _fused   # a lever
+    python benchmarks/bench_train.py --resume          # go on from the rows of a run cut short (its .partial.json)
+    python benchmarks/bench_train.py --merge docs/throughput/bench_train_370m.json docs/throughput/bench_train.json \
         --run I --note "what changed"             # add a run to a history of runs, and redraw its table and plot
-    python scripts/bench_train.py --summary docs/throughput/bench_train_{124m,370m}.json   # docs/throughput's table
-    python scripts/bench_train.py --vs-fla docs/memory/fla_peers_370m_4096_h100.json \
+    python benchmarks/bench_train.py --summary docs/throughput/bench_train_{124m,370m}.json   # docs/throughput's table
+    python benchmarks/bench_train.py --vs-fla docs/memory/fla_peers_370m_4096_h100.json \
         docs/memory/fused_370m_4096_h100.json     # this repo vs FLA's own models (later files win), docs/memory's
 
 A step is what train.py's loop runs (`train.train_step`): forward, backward, gradient clipping, fused AdamW, on one

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scaling over the GPUs of one node (1, 2, 4, 8): one record and one figure, drawn by scripts/scale_report.py.
+# Scaling over the GPUs of one node (1, 2, 4, 8): one record and one figure, drawn by benchmarks/scale_report.py.
 #   throughput  tokens/s, MFU and peak memory a GPU at a fixed batch a GPU (micro_batch x seq_len, no accumulation):
 #               370m/4096 GLA, Gated DeltaNet and transformer + RoPE under DDP and FSDP2; 1.3B transformer + RoPE and
 #               GLA under FSDP2 with activation checkpointing; STEPS steps (default 30), the median past the first 10
@@ -8,7 +8,7 @@
 #               (the same global batch, gradient accumulation making up the difference)
 #   sweep       seed 004's S2 comparison (python train.py -m sweep=parity seed=0, EPOCHS, default 1) dealt out by
 #               hydra/launcher=gpus to each count of GPUs in NGPUS: wall time of each
-# Usage: bash scripts/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in WORK, default /tmp/scale)
+# Usage: bash benchmarks/scale.sh OUT [throughput|loss|sweep|all]   (checkpoints and data in WORK, default /tmp/scale)
 # NGPUS (default: 1 and each power of 2 up to the GPUs present) sets the counts; SMALL and LARGE (";"-separated
 # "backbone pe" pairs, empty for none) replace the throughput cases of each size, to split the record over calls.
 # SMOKE=1 runs the same commands at the tiny size on the CPU with gloo (NGPUS default "1 2"), which is how
@@ -42,7 +42,7 @@ stopped() {  # a timeout or Ctrl-C: keep what the run in progress logged (it che
   # reaches it at once (torchrun passes it to its workers) instead of after the run has ended by itself
   [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null && wait "$child"
   [ -n "${name:-}" ] && keep
-  python3 scripts/scale_report.py "$out" > /dev/null 2>&1
+  python3 benchmarks/scale_report.py "$out" > /dev/null 2>&1
   exit 143
 }
 trap stopped TERM INT
@@ -101,4 +101,4 @@ if [[ $mode == sweep || $mode == all ]]; then
     cp "$work/sweep_$k/launcher.jsonl" "$out/sweep_${k}gpu.launcher.jsonl" 2>/dev/null
   done
 fi
-python3 scripts/scale_report.py "$out"
+python3 benchmarks/scale_report.py "$out"

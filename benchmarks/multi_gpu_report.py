@@ -1,6 +1,6 @@
-"""Compare the loss curves and throughput of scripts/multi_gpu.sh's runs: OUT/multi_gpu.json, .md, .png.
+"""Compare the loss curves and throughput of benchmarks/multi_gpu.sh's runs: OUT/multi_gpu.json, .md, .png.
 
-    python scripts/multi_gpu_report.py OUT_DIR
+    python benchmarks/multi_gpu_report.py OUT_DIR
 """
 
 import json

@@ -9,9 +9,9 @@ The requests are the harness's own for evals/local_tasks/pydoc_mc (each example 
 scored by HFLM.loglikelihood exactly as simple_evaluate would call it; generation is timed on pydoc_complete
 (at most 16 new tokens, stopping at "."). Needs lm-eval and accelerate, not the datasets stack.
 
-    python scripts/bench_lm_eval.py CKPT [CKPT ...] [--batch-sizes 1 16 64]
-    python scripts/bench_lm_eval.py --fresh transformer/rope gla/nope --size 124m   # models at init, byte tokens
-    python scripts/bench_lm_eval.py --fresh transformer/rope --size 124m --cuda-graphs  # GPU: + the graphed scorer
+    python benchmarks/bench_lm_eval.py CKPT [CKPT ...] [--batch-sizes 1 16 64]
+    python benchmarks/bench_lm_eval.py --fresh transformer/rope gla/nope --size 124m   # models at init, byte tokens
+    python benchmarks/bench_lm_eval.py --fresh transformer/rope --size 124m --cuda-graphs  # GPU: + the graphed scorer
 """
 
 import argparse

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-GPU verification (issue #8) of the 124m transformer + RoPE, then scripts/multi_gpu_report.py compares runs.
+# Multi-GPU verification (issue #8) of the 124m transformer + RoPE, then benchmarks/multi_gpu_report.py compares runs.
 #   curves   200 steps of 65,536-token batches (bf16, compiled): 1 GPU, 1 GPU with micro-batch 16 (other summation
 #            order), 2 GPUs DDP, the 2-GPU run resumed from its step-100 checkpoint, 2 GPUs FSDP2
 #   fp32     20 steps in fp32 without compile: 1 GPU, 2 GPUs DDP, 2 GPUs FSDP2 (equal up to summation order)
@@ -7,15 +7,15 @@
 #            tokens/s on SCALE_GPUS (default 2) GPUs with DDP and FSDP2 (parameters kept gathered through the
 #            micro-batches, train.fsdp_reshard=auto, and re-gathered for each, =true), then on 1 GPU (accum 8)
 #   profile  DDP, FSDP2 and FSDP2 gathering in bf16 on SCALE_GPUS GPUs as in scaling, 3 steps traced at steady state
-#            (after 28), each trace summarised by scripts/trace_summary.py (exposed communication, costliest kernels);
+#            (after 28), each trace summarised by benchmarks/trace_summary.py (exposed communication, costliest kernels);
 #            PROFILE picks the cases (default "ddp fsdp fsdp_bf16"; fsdp_prefetchK adds train.fsdp_prefetch=K)
 #   dcp      sharded checkpoints (torch.distributed.checkpoint), fp32: 60 steps on 2 GPUs FSDP2, then its step-30
 #            checkpoint resumed on 2 GPUs FSDP2 and on 1 GPU (2 -> 1), and the run again with asynchronous saves
 #   cp       context parallelism, GLA + RoPE, 8,192-token sequences, fp32: 1 GPU, each sequence split over 2 and 4
 #   longest  the longest GLA sequence (370m, bf16, full activation checkpointing) that trains one step on 1, 2 and 4
-#            GPUs, one sequence split over them (scripts/longest_cp.py): a ladder by GPU memory, tried in order;
+#            GPUs, one sequence split over them (benchmarks/longest_cp.py): a ladder by GPU memory, tried in order;
 #            CASE=gated_deltanet+nope (bench_train's cases) another model, DOCS=8192 packed documents of that mean length
-# Usage: bash scripts/multi_gpu.sh OUT_DIR [curves|fp32|scaling|profile|dcp|cp|longest|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
+# Usage: bash benchmarks/multi_gpu.sh OUT_DIR [curves|fp32|scaling|profile|dcp|cp|longest|all]   (checkpoints in /tmp/mg; metrics in OUT_DIR)
 set -uo pipefail
 out=${1:?usage: multi_gpu.sh OUT_DIR [curves|fp32|scaling|all]}
 mode=${2:-all}
@@ -68,7 +68,7 @@ if [[ $mode == profile ]]; then
     # fsdp and fsdp_bf16: FSDP2's own order (train.fsdp_prefetch=0), as the earlier records measured them
     [[ $s == fsdp_prefetch* ]] && extra+=(train.fsdp_prefetch=${s#fsdp_prefetch}) || extra+=(train.fsdp_prefetch=0)
     run profile_gpu${n}_$s $n $c "${extra[@]}"
-    python3 scripts/trace_summary.py /tmp/mg/profile_gpu${n}_$s/profile/trace.json \
+    python3 benchmarks/trace_summary.py /tmp/mg/profile_gpu${n}_$s/profile/trace.json \
       --json "$out/profile_gpu${n}_$s.summary.json" | tee "$out/profile_gpu${n}_$s.summary.txt"
   done
 fi
@@ -100,12 +100,12 @@ if [[ $mode == longest ]]; then  # the longest sequence that trains one step at 
     lengths=$(for x in $ladder; do printf "%s " $((x * n)); done)
     echo "=== ${CASE:-gla+nope} (documents ${DOCS:-0}) on $n GPU(s), started $(date +%T): 65536 $lengths"
     log="$out/longest_${CASE:-gla+nope}_${DOCS:-0}_$n.log"
-    python3 -m torch.distributed.run --standalone --nproc_per_node=$n scripts/longest_cp.py --case "${CASE:-gla+nope}" \
+    python3 -m torch.distributed.run --standalone --nproc_per_node=$n benchmarks/longest_cp.py --case "${CASE:-gla+nope}" \
       --documents "${DOCS:-0}" --steps 1 --lengths 65536 $lengths --out "$out/longest_cp.jsonl" > "$log" 2>&1
     grep -h " tokens " "$log" | tail -3
   done
-  python3 scripts/longest_cp.py --report "$out/longest_cp.jsonl" --command "bash scripts/multi_gpu.sh OUT longest"
+  python3 benchmarks/longest_cp.py --report "$out/longest_cp.jsonl" --command "bash benchmarks/multi_gpu.sh OUT longest"
   exit 0
 fi
-python3 scripts/multi_gpu_report.py "$out"
+python3 benchmarks/multi_gpu_report.py "$out"
 

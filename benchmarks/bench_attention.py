@@ -1,8 +1,8 @@
 """Benchmark of the decayed-attention kernel (kernels/attention/) against its peers, in one run on one GPU.
 
-    python scripts/bench_attention.py [--B 4 --T 4096 --H 16 --D 64] [--out docs/attention]  # table + JSON + PNG
-    python scripts/bench_attention.py --memory            # + peak memory at T = 16,384 and 65,536 with B*T fixed
-    python scripts/bench_attention.py --sweep --only ours_fox ours_sympow2_gated   # tile configurations
+    python benchmarks/bench_attention.py [--B 4 --T 4096 --H 16 --D 64] [--out docs/attention]  # table + JSON + PNG
+    python benchmarks/bench_attention.py --memory            # + peak memory at T = 16,384 and 65,536 with B*T fixed
+    python benchmarks/bench_attention.py --sweep --only ours_fox ours_sympow2_gated   # tile configurations
 
 Every case computes causal attention over q, k, v in bf16 (each in its preferred layout, made outside the timing):
 forward, and forward + backward with gradients to q, k, v and to the gate where there is one. Times are medians of

@@ -1,6 +1,6 @@
-"""The record and figure of scripts/scale.sh's runs: OUT/scale.json, scale.md, scale.png.
+"""The record and figure of benchmarks/scale.sh's runs: OUT/scale.json, scale.md, scale.png.
 
-    python scripts/scale_report.py OUT
+    python benchmarks/scale_report.py OUT
 
 Throughput runs (tp_<size>_<backbone>_<strategy>_n<GPUs>): tokens/s (the median past the first third of the steps, at
 most 10: compilation and warm-up), MFU, peak memory a GPU, and the scaling efficiency tokens/s(n) / (n tokens/s(1))

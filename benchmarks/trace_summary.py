@@ -3,7 +3,7 @@ host's wall time a step, the time the GPU was busy (any kernel, copy or fill on 
 the compute alone (everything but NCCL), the NCCL kernels' total and how much of it no compute overlapped (exposed
 communication: what a step would save were it hidden), and the costliest kernels and annotations.
 
-    python scripts/trace_summary.py OUT_DIR/profile/trace.json [--top 10] [--json row.json]
+    python benchmarks/trace_summary.py OUT_DIR/profile/trace.json [--top 10] [--json row.json]
 
 The window is the profiled steps' `ProfilerStep#` annotations on the host; a kernel belongs to it if it starts
 inside it (or within 50 ms after, the GPU's lag behind the host). NCCL kernels run as long as their slowest peer

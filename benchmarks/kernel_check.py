@@ -1,9 +1,9 @@
 """Every kernel path the backbones call (FLA's and the project's decayed attention), against its PyTorch reference,
 forward and backward, on a GPU.
 
-    python scripts/kernel_check.py                    # B=2, H=8, D=64 at T=2048 and T=1000; prints a table
-    python scripts/kernel_check.py --T 512 --json out.json
-    python scripts/kernel_check.py --B 4 --T 4096 --H 16 --D 64 128 --kernels fox alibi sympow2_gated sympow4_gated
+    python benchmarks/kernel_check.py                    # B=2, H=8, D=64 at T=2048 and T=1000; prints a table
+    python benchmarks/kernel_check.py --T 512 --json out.json
+    python benchmarks/kernel_check.py --B 4 --T 4096 --H 16 --D 64 128 --kernels fox alibi sympow2_gated sympow4_gated
 
 Inputs are bf16 (gates, w and beta in fp32, as the kernels want); the reference runs on the same values upcast to
 fp32. Errors are ||kernel - ref|| / ||ref|| for the output and for every input gradient. tests/test_gpu.py runs the

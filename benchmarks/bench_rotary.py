@@ -1,6 +1,6 @@
 """Benchmark and GPU check of the cumulative-rotation prelude (Selective RoPE's cumsum + sincos + rotate q and k).
 
-    python scripts/bench_rotary.py [--B 4 --T 4096 --H 16 --D 64] [--json out.json]
+    python benchmarks/bench_rotary.py [--B 4 --T 4096 --H 16 --D 64] [--json out.json]
 
 Times three implementations of the same function in one run (triton.testing.do_bench, L2 flushed between runs):
 PyTorch eager (kernels/rotary/ reference), torch.compile of that reference, and the fused Triton kernel; forward

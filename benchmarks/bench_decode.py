@@ -1,9 +1,9 @@
 """Decoding speed on a GPU: ms a new token, tokens/s and peak memory, this repo's models and FLA's own in one run.
 
-    python scripts/bench_decode.py                                   # the default grid (below), a table on stdout
-    python scripts/bench_decode.py --cases gla --batches 1 --prompts 512 --new 64
-    python scripts/bench_decode.py --json docs/throughput/decode_h200_DATE.json --plot docs/throughput/decode_h200.png
-    python scripts/bench_decode.py --profile gla:1:512               # a profile of decoding steps (kernels by time)
+    python benchmarks/bench_decode.py                                   # the default grid (below), a table on stdout
+    python benchmarks/bench_decode.py --cases gla --batches 1 --prompts 512 --new 64
+    python benchmarks/bench_decode.py --json docs/inference/decode_h200_DATE.json --plot docs/inference/decode.png
+    python benchmarks/bench_decode.py --profile gla:1:512               # a profile of decoding steps (kernels by time)
 
 Each case is the 370m shape (conf/model/370m.yaml, 32k vocabulary), random weights in bf16, greedy decoding of
 --new tokens after a prompt of random tokens, through the route a user takes: this repo's models through
@@ -179,7 +179,7 @@ def main():
               "triton": triton.__version__, "fla": fla.__version__,
               "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                       text=True).stdout.strip(),
-              "command": "python scripts/bench_decode.py " + " ".join(sys.argv[1:]), "rows": []}
+              "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]), "rows": []}
     peer_grid = {tuple(int(x) for x in s.split(":")) for s in args.peer_grid.split(",")}
     print(f"{'case':<22}{'batch':>6}{'prompt':>8}{'ms/token':>10}{'tokens/s':>11}{'prefill ms':>12}{'peak GiB':>10}")
     for case in args.cases:

@@ -1,8 +1,8 @@
 """What `model.sparse_loss` saves on MQAR: one training step (forward + backward) of task=mqar's model with the loss
 over every position (`model.fused_loss` alone) and over the scored ones only (`model.sparse_loss`, the task's default).
 
-    python scripts/bench_sparse_loss.py                              # d_model 64, (256, 16), 64 rows, CPU or CUDA
-    python scripts/bench_sparse_loss.py --d-model 128 --batch 512 --device cuda
+    python benchmarks/bench_sparse_loss.py                              # d_model 64, (256, 16), 64 rows, CPU or CUDA
+    python benchmarks/bench_sparse_loss.py --d-model 128 --batch 512 --device cuda
 
 MQAR scores one position in 16 (the queries' values) against a vocabulary of 8,192, so at d_model 64 the tied head
 and its loss are most of the step. Prints the median of --steps steps after one warm-up, and the peak memory on CUDA.
@@ -15,7 +15,7 @@ import statistics
 import time
 
 import torch
-from bench_train import compose  # scripts/ is on sys.path when a script runs
+from bench_train import compose  # benchmarks/ is on sys.path when a script runs
 
 from duality.model import build_model
 
