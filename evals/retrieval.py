@@ -273,10 +273,10 @@ def plot_by_length(summaries: dict, path, train_lens: dict | None = None) -> Non
 def write_tasks(exs: list[R.Example], out: Path, tok=None) -> list[str]:
     """The examples as lm-eval tasks in `out`: per family and length a JSONL and two YAMLs, retrieval_<family>_<L>
     (generate_until, string_match) and retrieval_<family>_<L>_ll (loglikelihood: greedy, logprob), tagged
-    `retrieval` and `retrieval_ll`; the loader and metrics in retrieval_utils.py beside them. With `tok` each
+    `retrieval` and `retrieval_ll`; the loader and metrics in local_utils.py beside them. With `tok` each
     prompt is checked to encode to the example's tokens (lm-eval re-encodes the text). Returns the task names."""
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(__file__).with_name("retrieval_utils.py"), out / "retrieval_utils.py")
+    shutil.copy(Path(__file__).parent / "local_tasks" / "local_utils.py", out / "local_utils.py")
     budget = max_new_tokens(exs)
     cells: dict = {}
     for e in exs:
@@ -290,20 +290,20 @@ def write_tasks(exs: list[R.Example], out: Path, tok=None) -> list[str]:
         rows = [{"input": e.prompt, "target": e.answer, "values": e.values, "depth": e.depth, "tokens": len(e.ids)}
                 for e in group]
         (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        common = (f"dataset_path: json\ncustom_dataset: !function retrieval_utils.load\n"
+        common = (f"dataset_path: json\ncustom_dataset: !function local_utils.load\n"
                   f"dataset_kwargs:\n  file: {name}.jsonl\ntest_split: test\ndoc_to_text: input\n"
                   f"doc_to_target: target\ntarget_delimiter: \"\"\n")
         (out / f"{name}.yaml").write_text(
             f"# {family} at {L} tokens: greedy generation scored by RULER's string match (evals/retrieval.py)\n"
             f"task: {name}\ntag: [retrieval, retrieval_{family}]\n{common}output_type: generate_until\n"
             f"generation_kwargs:\n  until: [{json.dumps(STOP)}]\n  max_gen_toks: {budget[(family, L)]}\n"
-            f"  do_sample: false\nprocess_results: !function retrieval_utils.process_generation\n"
+            f"  do_sample: false\nprocess_results: !function local_utils.process_generation\n"
             f"metric_list:\n  - metric: string_match\n    aggregation: mean\n    higher_is_better: true\n"
             f"metadata:\n  version: 1.0\n")
         (out / f"{name}_ll.yaml").write_text(
             f"# {family} at {L} tokens: the answer under teacher forcing (evals/retrieval.py)\n"
             f"task: {name}_ll\ntag: [retrieval_ll, retrieval_{family}_ll]\n{common}output_type: loglikelihood\n"
-            f"process_results: !function retrieval_utils.process_loglikelihood\n"
+            f"process_results: !function local_utils.process_loglikelihood\n"
             f"metric_list:\n  - metric: greedy\n    aggregation: mean\n    higher_is_better: true\n"
             f"  - metric: logprob\n    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
         names += [name, f"{name}_ll"]
