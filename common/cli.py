@@ -76,11 +76,20 @@ def lost_peer(e: BaseException) -> bool:
     return "LOCAL_RANK" in os.environ and any(m in str(e) for m in LOST_PEER)
 
 
+def _best_lr(metric: str, *, _root_) -> float:
+    """`${best_lr:val_acc}`: the best learning rate of this job's pair in its sweep's seed-0 grid (common/grid.py)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from .grid import best_lr
+    return best_lr(HydraConfig.get().sweep.dir, f"{_root_.backbone.name}-{_root_.pe.name}", metric)
+
+
 def cli(run_fn, config_name: str, script: str | None = None):
     import hydra
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("duality_help", lambda what: help_text(what, script or config_name), replace=True)
+    OmegaConf.register_new_resolver("best_lr", _best_lr, replace=True)
     _register_launcher()
     if why := check_choices(sys.argv[1:]):
         print(f"error: {why}", file=sys.stderr)

@@ -2,12 +2,16 @@
 
     python train.py -m sweep=parity hydra/launcher=gpus                          # every visible GPU, a job on each
     python train.py -m sweep=parity hydra/launcher=gpus hydra.launcher.per_gpu=4 # small models: 4 jobs a GPU at once
+    python train.py -m sweep=results_mqar hydra/launcher=gpus hydra.launcher.deadline=540   # resumable in pieces
 
 Hydra's basic launcher runs the jobs one after another in its own process, on one GPU; the submitit launcher's local
 mode gives every job the same GPUs. Here each job is a process of its own, started with CUDA_VISIBLE_DEVICES set to
 one GPU, and a GPU takes its next job when one of its own ends, so jobs of unequal length keep every GPU busy. A
 job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` says which GPU ran which job, when, and
-how it ended. Each job is Hydra's own multirun job (its folder, hydra.job.num, the sweep's wandb group), as the basic
+how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
+still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more;
+with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file a finished job leaves in
+its folder, e.g. task_eval.json) passes over the jobs already done. Each job is Hydra's own multirun job (its folder, hydra.job.num, the sweep's wandb group), as the basic
 launcher would run it. The job is handed over with cloudpickle (a dependency of submitit, so installed with this repo)
 because the task function Hydra passes is a closure.
 """
@@ -19,6 +23,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -36,10 +41,14 @@ log = logging.getLogger(__name__)
 
 
 class GPUsLauncher(Launcher):
-    def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1) -> None:
+    def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1, deadline: float | None = None,
+                 skip_done: str | None = None) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
+        if deadline is not None and float(deadline) <= 0:
+            raise ValueError(f"hydra.launcher.deadline={deadline}: seconds after the launch, > 0 (null: none)")
         self.gpus, self.per_gpu = (None if gpus is None else [_gpu(g) for g in gpus]), int(per_gpu)
+        self.deadline, self.skip_done = (None if deadline is None else float(deadline)), skip_done
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -73,6 +82,13 @@ class GPUsLauncher(Launcher):
             todo.put((idx, list(overrides), cfg, job_dir, payload))
         results: dict[int, JobReturn] = {}
         lock = threading.Lock()
+        end = None if self.deadline is None else time.time() + self.deadline
+
+        def note(idx, gpu, overrides, start, status, rc=None):
+            with open(sweep_dir / "launcher.jsonl", "a") as f:
+                f.write(json.dumps({"job": idx, "gpu": gpu, "overrides": overrides, "start": round(start, 3),
+                                    "wall_s": round(time.time() - start, 3), "status": status,
+                                    "returncode": rc}) + "\n")
 
         def worker(gpu):
             while True:
@@ -80,6 +96,13 @@ class GPUsLauncher(Launcher):
                     idx, overrides, cfg, job_dir, payload = todo.get_nowait()
                 except queue.Empty:
                     return
+                done = self.skip_done and (job_dir / self.skip_done).exists()
+                if done or (end is not None and time.time() >= end):
+                    payload.unlink(missing_ok=True)
+                    with lock:  # passed over: done before, or no time left to start (the next launch runs it)
+                        results[idx] = _passed_over(cfg, job_dir, "done" if done else "deadline")
+                        note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED")
+                    continue
                 job_dir.mkdir(parents=True, exist_ok=True)
                 env = {**os.environ, "OMP_NUM_THREADS": omp}
                 if gpu is not None:
@@ -88,15 +111,14 @@ class GPUsLauncher(Launcher):
                 log.info(f"\t#{idx} on {where}: {' '.join(filter_overrides(overrides))} (log: {job_dir / 'job.log'})")
                 start = time.time()
                 with open(job_dir / "job.log", "ab") as out:
-                    rc = subprocess.run([sys.executable, "-m", __name__, str(payload)], env=env, stdout=out,
-                                        stderr=subprocess.STDOUT).returncode
+                    proc = subprocess.Popen([sys.executable, "-m", __name__, str(payload)], env=env, stdout=out,
+                                            stderr=subprocess.STDOUT)
+                    rc, stopped = _wait(proc, end)
                 ret = _read_return(payload, rc, cfg, job_dir)
                 with lock:
                     results[idx] = ret
-                    with open(sweep_dir / "launcher.jsonl", "a") as f:
-                        f.write(json.dumps({"job": idx, "gpu": gpu, "overrides": overrides, "start": round(start, 3),
-                                            "wall_s": round(time.time() - start, 3), "status": ret.status.name,
-                                            "returncode": rc}) + "\n")
+                    paused = stopped and ret.status == JobStatus.COMPLETED  # checkpointed at the deadline
+                    note(idx, gpu, overrides, start, "PAUSED" if paused else ret.status.name, rc)
                 if ret.status != JobStatus.COMPLETED:
                     log.error(f"\t#{idx} on {where} failed (exit {rc}): see {job_dir / 'job.log'}")
 
@@ -109,6 +131,24 @@ class GPUsLauncher(Launcher):
             (sweep_dir / ".launcher").rmdir()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return [results[i] for i in sorted(results)]
+
+
+def _wait(proc: subprocess.Popen, end: float | None) -> tuple[int, bool]:
+    """The job's exit code, and whether the deadline stopped it: then it gets SIGTERM once (the trainer finishes its
+    step, checkpoints and exits 0)."""
+    if end is not None:
+        try:
+            return proc.wait(timeout=max(0.0, end - time.time())), False
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            return proc.wait(), True
+    return proc.wait(), False
+
+
+def _passed_over(cfg: DictConfig, job_dir: Path, why: str) -> JobReturn:
+    ret = JobReturn(cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir), task_name=cfg.hydra.job.name)
+    ret.status, ret.return_value = JobStatus.COMPLETED, {"passed_over": why}
+    return ret
 
 
 def visible_gpus() -> list[int | str]:

@@ -1,0 +1,43 @@
+"""The learning rate a results sweep's later seeds train at: the best of the grid that seed 0 ran (docs/results/).
+
+A grid sweep writes each run to `<sweep dir>/<backbone>-<pe>/lr<lr>-s0/`; a finished run leaves task_eval.json there.
+`best_lr` reads those of one pair and returns the lr whose run scored best at the training length (the metric named,
+ties to the lower validation loss), so the choice never looks at the lengths the study extrapolates to. The seeds
+sweep reads it through the config: `optim.lr: ${best_lr:val_acc}` (common/cli.py registers the resolver).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def grid_runs(pair_dir: Path) -> tuple[dict[float, dict], list[Path]]:
+    """{lr: task_eval.json} of the pair's finished seed-0 grid runs, and the grid folders with no result yet."""
+    done, missing = {}, []
+    for run in sorted(pair_dir.glob("lr*-s0")):
+        path = run / "task_eval.json"
+        if path.is_file():
+            rec = json.loads(path.read_text())
+            done[float(rec["config"]["optim"]["lr"])] = rec
+        else:
+            missing.append(run)
+    return done, missing
+
+
+def choose(done: dict[float, dict], metric: str = "val_acc") -> float:
+    """The lr of the best run: the highest `metric`, then the lowest val_loss."""
+    return max(done, key=lambda lr: (done[lr].get(metric) or 0.0, -(done[lr].get("val_loss") or float("inf"))))
+
+
+def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc") -> float:
+    pair_dir = Path(sweep_dir) / pair
+    done, missing = grid_runs(pair_dir)
+    if missing or not done:
+        what = f"{len(missing)} of its grid runs have no task_eval.json ({missing[0].name}, ...)" if missing else \
+            "no grid run of it finished"
+        raise ConfigError(f"best_lr: {pair} in {sweep_dir}: {what}; run (or finish) the grid sweep first, the same "
+                          "command without _seeds")
+    return choose(done, metric)
