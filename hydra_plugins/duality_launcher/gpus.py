@@ -11,9 +11,10 @@ job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` say
 how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
 still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more;
 with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file a finished job leaves in
-its folder, e.g. task_eval.json) passes over the jobs already done. Each job is Hydra's own multirun job (its folder, hydra.job.num, the sweep's wandb group), as the basic
-launcher would run it. The job is handed over with cloudpickle (a dependency of submitit, so installed with this repo)
-because the task function Hydra passes is a closure.
+its folder, e.g. task_eval.json) passes over the jobs already done. Each job is Hydra's own multirun job (its
+folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. The job is handed over with
+cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a
+closure.
 """
 
 from __future__ import annotations
