@@ -25,6 +25,7 @@ import bench_train  # noqa: E402  (the benchmark's own table functions)
 import longest_cp  # noqa: E402
 import official_ab  # noqa: E402
 import official_ab_copying  # noqa: E402
+import results  # noqa: E402
 import scale_report  # noqa: E402
 import seed_spread  # noqa: E402
 
@@ -785,7 +786,9 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "fsdp2_prefetch_4xh200": lambda: fsdp2_calls_table(FSDP2_PREFETCH),
           "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table,
           "scale_4xh200_b": lambda: scale_table(SCALE_4B), "scale_4xh200_c": lambda: scale_table(SCALE_4C),
-          "scale_1xh200_d": lambda: scale_table(SCALE_1D), "scale_4xh200_e": lambda: scale_table(SCALE_4E)}
+          "scale_1xh200_d": lambda: scale_table(SCALE_1D), "scale_4xh200_e": lambda: scale_table(SCALE_4E),
+          "results_summary": results.mqar_summary, "results_duality": results.duality_table,
+          **{f"results_{t}": (lambda t=t: results.table(t)) for t in results.TASKS}}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 
@@ -818,6 +821,10 @@ def main(argv=None) -> int:
     if a.check and stale:
         print("out of date with their records (run python scripts/report.py):", ", ".join(stale))
         return 1
+    if not a.check:  # the results page's heatmaps too (PNG bytes vary with matplotlib: --check reads the tables)
+        for task in results.TASKS:
+            if results.load(task) is not None:
+                stale.append(rel(results.plot(task)))
     print(("rewrote: " + ", ".join(stale)) if stale and not a.check else "every generated block is up to date")
     return 0
 

@@ -23,14 +23,15 @@ interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not to
                             reason="needs a GPU or TRITON_INTERPRET=1")  # a Triton kernel: the GPU or the interpreter
 
 
-def compose(overrides=(), config_name="config"):
-    """The exact config train.py / eval.py would see for these command-line overrides."""
+def compose(overrides=(), config_name="config", hydra_config=False):
+    """The exact config train.py / eval.py would see for these command-line overrides (with Hydra's own node:
+    hydra_config=True)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     from duality import model  # noqa: F401  (registers the backbone / pe schemas, as importing train.py does)
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=False)
+        return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 @pytest.fixture(scope="session")

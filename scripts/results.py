@@ -1,0 +1,303 @@
+"""The results page (docs/results/README.md): every backbone x scheme on each task, drawn from the sweeps' run folders.
+
+    python scripts/results.py collect mqar outputs/results/mqar --device "NVIDIA H200" --software "torch 2.11, ..."
+    python scripts/results.py plot mqar          # docs/results/mqar.png from docs/results/mqar.json
+
+`collect` reads each run folder of a `sweep=results_<task>` / `results_<task>_seeds` sweep (`<backbone>-<pe>/lr<lr>-s0`
+for the grid, `<backbone>-<pe>/best-s<seed>` for the seeds) into the task's record, docs/results/<task>.json: the
+scores of every finished run, the reason of every run that did not finish (a pair the model refuses, a fault), and the
+learning rate each pair's later seeds train at (common/grid.py chooses it, as the seeds sweep did). Runs of another
+session stay in the record; a run collected again replaces its entry. report.py draws the page's tables from the
+records (blocks results_<task> and results_duality) and this file's `plot` the heatmaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "docs" / "results"
+
+BACKBONES = ["transformer", "fox", "path", "path_fox", "sympow", "linear_attn", "retnet", "mamba2", "gla", "deltanet",
+             "gated_deltanet", "gated_oja"]
+SCHEMES = ["nope", "rope", "selective_rope", "alibi", "t5", "vo_rope"]
+# what each task's table shows: (label, how a run's task_eval.json gives it); accuracies in %
+TASKS = {
+    "mqar": {"title": "MQAR (128, 8)", "metric": "val_acc",
+             "points": [("at 128 (trained)", lambda r: r["curve"]["128"]),
+                        ("at 512 (4x)", lambda r: r["curve"]["512"])]},
+    "s2": {"title": "S2 parity", "metric": "val_acc",
+           "points": [("<= 128 (trained)", lambda r: r["val_acc"]), ("129-512", lambda r: r["val_acc_extrap"])]},
+    "retrieval": {"title": "Retrieval (trained at 512)", "metric": "val_acc",
+                  "points": [(f"at {n} ({x})", lambda r, n=n: r["curve"][str(n)])
+                             for n, x in ((512, "trained"), (2048, "4x"), (8192, "16x"), (32768, "64x"))]},
+}
+# seed 000's dual pairs: (what the softmax side is, its cell), (the linear side, its cell)
+DUAL_PAIRS = [("NoPE <-> linear attention", ("transformer", "nope"), ("linear_attn", "nope")),
+              ("ALiBi <-> RetNet", ("transformer", "alibi"), ("retnet", "nope")),
+              ("FoX <-> Mamba2", ("fox", "nope"), ("mamba2", "nope")),
+              ("FoX <-> GLA", ("fox", "nope"), ("gla", "nope")),
+              ("RoPE <-> complex gate (linear attention + RoPE)", ("transformer", "rope"), ("linear_attn", "rope")),
+              ("PaTH <-> DeltaNet", ("path", "nope"), ("deltanet", "nope")),
+              ("PaTH-FoX <-> Gated DeltaNet", ("path_fox", "nope"), ("gated_deltanet", "nope"))]
+
+
+def record_path(task: str) -> Path:
+    return RECORDS / f"{task}.json"
+
+
+def load(task: str) -> dict | None:
+    path = record_path(task)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def reason_of(log: Path) -> tuple[str, str]:
+    """(status, reason) of a run folder without a result: the model's refusal, the job's own error line, or
+    unfinished (no error: stopped at a deadline, or still to run)."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    errors = [ln for ln in text.splitlines() if ln.startswith("error: ")]
+    if errors:
+        why = errors[-1].removeprefix("error: ")
+        return ("refused" if "cannot use" in why else "failed"), why
+    faults = [ln for ln in text.splitlines() if re.match(r"^[A-Za-z_.]+(Error|Exception): ", ln)]
+    if faults:
+        return "failed", faults[-1][:300]
+    return "unfinished", "stopped before the end (a deadline) or not started"
+
+
+def collect_runs(sweep: Path, task: str) -> dict:
+    runs = {}
+    for run in sorted(p for p in sweep.glob("*-*/*") if p.is_dir()):
+        pair, name = run.parent.name, run.name
+        backbone, _, pe = pair.partition("-")
+        if backbone not in BACKBONES:  # a pair folder's backbone may hold '-'? none does; skip strays
+            continue
+        m = re.fullmatch(r"(?:lr(?P<lr>[0-9.e-]+)|best)-s(?P<seed>\d+)", name)
+        if not m:
+            continue
+        entry = {"backbone": backbone, "pe": pe, "seed": int(m["seed"]), "stage": "grid" if m["lr"] else "seeds"}
+        result = run / "task_eval.json"
+        if result.is_file():
+            r = json.loads(result.read_text())
+            entry.update(status="finished", lr=float(r["config"]["optim"]["lr"]), step=r["step"], tokens=r["tokens"],
+                         val_loss=r["val_loss"], val_acc=r.get("val_acc"),
+                         scores={label: get(r) for label, get in TASKS[task]["points"]})
+        else:
+            entry["status"], entry["reason"] = reason_of(run / "job.log")
+            if m["lr"]:
+                entry["lr"] = float(m["lr"])
+        runs[f"{pair}/{name}"] = entry
+    return runs
+
+
+def chosen_lrs(runs: dict, metric: str) -> dict:
+    """Each pair's learning rate for seeds 1 and 2: common/grid.py's choice over its finished seed-0 grid runs."""
+    from duality.common.grid import choose
+    grids: dict[str, dict] = {}
+    for key, r in runs.items():
+        if r["stage"] == "grid" and r["status"] == "finished":
+            grids.setdefault(key.split("/")[0], {})[r["lr"]] = r
+    return {pair: choose(done, metric) for pair, done in sorted(grids.items())}
+
+
+def collect(task: str, sweep: Path, meta: dict) -> dict:
+    rec = load(task) or {"task": task, "title": TASKS[task]["title"], "sessions": [], "runs": {}}
+    new = collect_runs(sweep, task)
+    if not new:
+        raise SystemExit(f"{sweep}: no run folders (<backbone>-<pe>/lr<lr>-s<seed> or best-s<seed>) found")
+    rec["runs"].update(new)
+    rec["runs"] = dict(sorted(rec["runs"].items()))
+    rec["chosen_lr"] = chosen_lrs(rec["runs"], TASKS[task]["metric"])
+    pairs = {k.split("/")[0]: r["status"] for k, r in new.items()}
+    rec["sessions"].append({**meta, "finished": sum(r["status"] == "finished" for r in new.values()),
+                            "pairs": len(pairs), "refused": sum(s == "refused" for s in pairs.values())})
+    record_path(task).parent.mkdir(parents=True, exist_ok=True)
+    record_path(task).write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def cell_runs(rec: dict, backbone: str, pe: str) -> list[dict]:
+    """The runs a cell reports: seed 0 of the grid at the chosen lr, and the seeds sweep's runs."""
+    pair = f"{backbone}-{pe}"
+    lr = rec.get("chosen_lr", {}).get(pair)
+    return [r for k, r in rec["runs"].items() if k.startswith(pair + "/") and r["status"] == "finished"
+            and (r["stage"] == "seeds" or r["lr"] == lr)]
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    m = sum(values) / len(values)
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return m, sd
+
+
+def short_reason(rec: dict, backbone: str, pe: str) -> str:
+    """Why a cell has no number, in a few words (the whole reason is in the record)."""
+    pair = f"{backbone}-{pe}"
+    others = [r for k, r in rec["runs"].items() if k.startswith(pair + "/")]
+    if not others:
+        return "not run"
+    for status in ("refused", "failed", "unfinished"):
+        hit = next((r for r in others if r["status"] == status), None)
+        if hit:
+            if status == "refused":
+                kind = re.search(r"is an? (\S+) scheme", hit["reason"])
+                return f"refused: {kind[1] if kind else 'this'} scheme"
+            return "failed (see record)" if status == "failed" else "not finished"
+    return "not run"
+
+
+def cell(rec: dict, backbone: str, pe: str, label: str) -> str:
+    runs = cell_runs(rec, backbone, pe)
+    if not runs:
+        return short_reason(rec, backbone, pe)
+    m, sd = mean_sd([100 * r["scores"][label] for r in runs])
+    return f"{m:.1f} ± {sd:.1f}" + ("" if len(runs) == 3 else f" ({len(runs)} seeds)")
+
+
+def schemes_of(rec: dict) -> list[str]:
+    seen = {k.split("/")[0].partition("-")[2] for k in rec["runs"]}
+    return [s for s in SCHEMES if s in seen]
+
+
+def table(task: str) -> str:
+    """A table per reported point: backbone rows x scheme columns, mean ± sd over seeds (%)."""
+    rec = load(task)
+    if rec is None:
+        return f"(no record yet: {record_path(task).relative_to(ROOT)})"
+    schemes = schemes_of(rec)
+    out = []
+    for label, _ in TASKS[task]["points"]:
+        out += [f"**{rec['title']}, accuracy {label}**, %, mean ± sd over seeds 0-2", "",
+                "| backbone | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
+        out += [f"| {b} | " + " | ".join(cell(rec, b, s, label) for s in schemes) + " |" for b in BACKBONES]
+        out.append("")
+    lrs = rec.get("chosen_lr", {})
+    grid = sorted({r["lr"] for r in rec["runs"].values() if r["stage"] == "grid" and "lr" in r})
+    out += [f"Learning rate of each cell (the best of {', '.join(f'{x:g}' for x in grid)} on seed 0, by accuracy at "
+            "the training length):", "", "| backbone | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
+    out += [f"| {b} | " + " | ".join(f"{lrs[f'{b}-{s}']:g}" if f"{b}-{s}" in lrs else "—" for s in schemes) + " |"
+            for b in BACKBONES]
+    s = rec["sessions"]
+    runs = "; ".join(f"{x['date']}, {x['device']}: {x['finished']} runs finished over {x['pairs'] - x['refused']} "
+                     f"pairs, {x['refused']} pairs refused by the model ({x['command']}; commit {x['commit']})"
+                     for x in s)
+    out += ["", f"Runs: {runs}. Software: {s[-1]['software']}. Record: docs/results/{task}.json (every run's scores, "
+            "and the reason of each that did not finish)."]
+    return "\n".join(out)
+
+
+STRONG = ["transformer", "fox", "path", "path_fox", "sympow", "deltanet", "gated_deltanet", "gated_oja"]
+GATED = ["gla", "mamba2", "retnet"]  # scalar / diagonal decays: the weakest recall here
+
+
+def mqar_summary() -> str:
+    """The README's two lines on the results page, computed from the MQAR record."""
+    rec = load("mqar")
+    if rec is None:
+        return "(no MQAR record yet)"
+    (at, _), (beyond, _) = TASKS["mqar"]["points"]
+
+    def mean(b, p, label):
+        runs = cell_runs(rec, b, p)
+        return mean_sd([100 * r["scores"][label] for r in runs])[0] if runs else None
+
+    def span(values):
+        values = [v for v in values if v is not None]
+        return f"{min(values):.1f}–{max(values):.1f}".replace("-0.0", "0.0")  # a rounded gain of under 0.05
+
+    def drop(group, p):
+        return span([mean(b, p, at) - mean(b, p, beyond) for b in group if mean(b, p, at) is not None])
+
+    low = min(mean(b, p, at) for b in STRONG for p in ("nope", "rope", "selective_rope"))
+    n = len(rec["chosen_lr"])
+    nope, srope = span(mean(b, "nope", at) for b in GATED), span(mean(b, "selective_rope", at) for b in GATED)
+    return (f"on MQAR ({n} pairs × 3 seeds) the softmax mixers and the delta-rule / Oja recurrences recall "
+            f"≥ {low:.1f}% at the training length with NoPE, RoPE or Selective RoPE, while GLA, Mamba2 and RetNet "
+            f"reach {nope}% with NoPE and {srope}% "
+            f"with Selective RoPE. At 4× the length RoPE loses {drop(STRONG, 'rope')} points on the first group and "
+            f"{drop(GATED, 'rope')} on the second; Selective RoPE {drop(STRONG, 'selective_rope')} and "
+            f"{drop(GATED, 'selective_rope')}.")
+
+
+def duality_table() -> str:
+    """Each dual pair's two cells side by side, on every task with a record."""
+    recs = {t: load(t) for t in TASKS}
+    recs = {t: r for t, r in recs.items() if r}
+    head = [f"{recs[t]['title']} {label}" for t in recs for label, _ in TASKS[t]["points"]]
+    out = ["| dual pair | softmax side | linear side | " + " | ".join(head) + " |",
+           "|---|---|---|" + "---|" * len(head)]
+    for name, (b1, p1), (b2, p2) in DUAL_PAIRS:
+        vals = [f"{cell(r, b1, p1, label)} vs {cell(r, b2, p2, label)}" for t, r in recs.items()
+                for label, _ in TASKS[t]["points"]]
+        out.append(f"| {name} | {b1} + {p1} | {b2} + {p2} | " + " | ".join(vals) + " |")
+    return "\n".join(out)
+
+
+def plot(task: str, out: Path | None = None) -> Path:
+    """A heatmap a reported point: backbone rows x scheme columns, the mean over seeds; a cell without a number is
+    grey and says why."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rec = load(task)
+    schemes, points = schemes_of(rec), TASKS[task]["points"]
+    fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points) + 1.5, 7), squeeze=False, sharey=True)
+    for k, (ax, (label, _)) in enumerate(zip(axes[0], points)):
+        grid = np.full((len(BACKBONES), len(schemes)), np.nan)
+        for i, b in enumerate(BACKBONES):
+            for j, s in enumerate(schemes):
+                runs = cell_runs(rec, b, s)
+                if runs:
+                    grid[i, j] = mean_sd([100 * r["scores"][label] for r in runs])[0]
+                    ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8,
+                            color="white" if grid[i, j] < 50 else "black")
+                else:
+                    ax.add_patch(plt.Rectangle((j - .5, i - .5), 1, 1, color="0.85"))
+                    ax.text(j, i, short_reason(rec, b, s).split(":")[0], ha="center", va="center", fontsize=6)
+        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(schemes)), schemes, rotation=40, ha="right", fontsize=8)
+        ax.set_yticks(range(len(BACKBONES)), BACKBONES, fontsize=8)
+        ax.tick_params(labelleft=k == 0)
+        ax.set_title(f"{rec['title']}: accuracy {label}, %", fontsize=9)
+    fig.suptitle(f"{rec['title']}: mean over seeds 0-2 at each cell's learning rate (docs/results/{task}.json)",
+                 fontsize=9)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.6)
+    out = out or RECORDS / f"{task}.png"
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="a sweep folder's runs into docs/results/<task>.json")
+    c.add_argument("task", choices=list(TASKS))
+    c.add_argument("sweep", type=Path)
+    c.add_argument("--device", required=True)
+    c.add_argument("--date", required=True)
+    c.add_argument("--software", required=True)
+    c.add_argument("--command", required=True, help="the sweep commands as run")
+    c.add_argument("--commit", required=True)
+    p = sub.add_parser("plot", help="docs/results/<task>.png from its record")
+    p.add_argument("task", choices=list(TASKS))
+    p.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "collect":
+        rec = collect(a.task, a.sweep, {"date": a.date, "device": a.device, "software": a.software,
+                                        "command": a.command, "commit": a.commit})
+        print(f"{record_path(a.task)}: {len(rec['runs'])} runs, {len(rec['chosen_lr'])} pairs with a chosen lr")
+    else:
+        print(plot(a.task, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The results page's sweeps (issue #75): sweep=results_<task> (seed 0 over a learning-rate grid) and
+results_<task>_seeds (seeds 1-2 at each pair's best, `${best_lr:val_acc}`: common/grid.py), run in pieces by
+hydra/launcher=gpus (deadline, skip_done), collected by scripts/results.py into the page's tables. Here on the CPU,
+with MQAR at a size that trains in seconds."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from duality.common.errors import ConfigError
+from duality.common.grid import best_lr
+
+TINY = ["train.device=cpu", "logger=none", "model.d_model=32", "data.train_examples=256", "data.test_examples=32",
+        "train.batch_size=64", "train.micro_batch=64", "train.epochs=1", "train.eval_interval=2",
+        "train.progress=false", "hydra.launcher.gpus=[]", "hydra.launcher.per_gpu=2"]
+
+
+def _sweep(sweep_dir, *args, timeout=600):
+    return subprocess.run([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep_dir}", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(sweep_dir):
+    return [json.loads(x) for x in (sweep_dir / "launcher.jsonl").read_text().splitlines()]
+
+
+def _grid_run(root, pair, lr, acc, loss):
+    run = root / pair / f"lr{lr}-s0"
+    run.mkdir(parents=True)
+    (run / "task_eval.json").write_text(json.dumps({"config": {"optim": {"lr": lr}}, "val_acc": acc,
+                                                    "val_loss": loss}))
+    return run
+
+
+def test_the_best_lr_is_the_grids_best_at_the_training_length_ties_to_the_lower_loss(tmp_path):
+    _grid_run(tmp_path, "gla-rope", 0.001, 0.50, 1.0)
+    _grid_run(tmp_path, "gla-rope", 0.003, 0.90, 0.4)
+    _grid_run(tmp_path, "gla-rope", 0.01, 0.90, 0.3)
+    assert best_lr(tmp_path, "gla-rope") == 0.01
+    assert best_lr(tmp_path, "gla-rope", metric="val_loss") == 0.001  # any score the record holds, highest wins
+    (tmp_path / "gla-rope" / "lr0.03-s0").mkdir()  # a grid run without a result: no choice yet
+    with pytest.raises(ConfigError, match=r"gla-rope in .*: 1 of its grid runs have no task_eval.json \(lr0.03-s0"):
+        best_lr(tmp_path, "gla-rope")
+    with pytest.raises(ConfigError, match="fox-alibi .*no grid run of it finished"):
+        best_lr(tmp_path, "fox-alibi")
+
+
+@pytest.mark.slow
+def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains_seeds_at_the_best_lr(
+        tmp_path, monkeypatch):
+    sweep = tmp_path / "mqar"
+    pairs = ["backbone=transformer,gla", "pe=alibi"]  # gla + ALiBi: refused by the model, a cell with its reason
+    r = _sweep(sweep, "sweep=results_mqar", *pairs, "optim.lr=1e-3,1e-2")
+    assert r.returncode != 0, r.stderr[-2000:]  # Hydra's sweep ends in an error when any job failed
+    rows = _rows(sweep)
+    assert sorted((x["overrides"][0], x["status"]) for x in rows) == [
+        ("backbone=gla", "FAILED"), ("backbone=gla", "FAILED"),
+        ("backbone=transformer", "COMPLETED"), ("backbone=transformer", "COMPLETED")]
+    assert "error: pe=alibi is a score scheme, which backbone=gla cannot use" in \
+        (sweep / "gla-alibi" / "lr0.001-s0" / "job.log").read_text()
+    scores = {lr: json.loads((sweep / "transformer-alibi" / f"lr{lr}-s0" / "task_eval.json").read_text())
+              for lr in ("0.001", "0.01")}
+    assert all(set(s["curve"]) == {"128", "512"} for s in scores.values())  # scored at 1x and 4x the length
+
+    # the same command again: the finished runs are passed over, not retrained
+    r = _sweep(sweep, "sweep=results_mqar", *pairs, "optim.lr=1e-3,1e-2")
+    again = _rows(sweep)[len(rows):]
+    assert sorted(x["status"] for x in again if x["overrides"][0] == "backbone=transformer") == ["DONE_BEFORE"] * 2
+
+    # seed 1 at the grid's best lr; the refused pair's seed fails naming the grid it lacks
+    r = _sweep(sweep, "sweep=results_mqar_seeds", *pairs, "seed=1")
+    best = max(scores, key=lambda lr: (scores[lr]["val_acc"], -scores[lr]["val_loss"]))
+    seeded = json.loads((sweep / "transformer-alibi" / "best-s1" / "task_eval.json").read_text())
+    assert seeded["config"]["optim"]["lr"] == float(best) and seeded["config"]["seed"] == 1
+    assert "best_lr: gla-alibi in" in (sweep / "gla-alibi" / "best-s1" / "job.log").read_text()
+
+    # collected: the accepted pair's cell over its 2 seeds, the refused pair's cell says why
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    rec = results.collect("mqar", sweep, {"date": "d", "device": "cpu", "software": "s", "command": "c",
+                                          "commit": "x"})
+    assert rec["chosen_lr"] == {"transformer-alibi": float(best)}
+    table = results.table("mqar")
+    accs = [100 * s["curve"]["128"] for s in (scores[best], seeded)]
+    mean = sum(accs) / 2
+    row = next(x for x in table.splitlines() if x.startswith("| transformer |"))
+    assert row.strip(" |").split(" | ")[1] == f"{mean:.1f} ± {abs(accs[0] - accs[1]) / 2 ** 0.5:.1f} (2 seeds)"
+    assert next(x for x in table.splitlines() if x.startswith("| gla |")).strip(" |").split(" | ")[1] == \
+        "refused: score scheme"
+    assert results.plot("mqar").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_a_sweeps_deadline_checkpoints_the_running_jobs_and_starts_no_more(tmp_path):
+    """hydra.launcher.deadline: the running job gets SIGTERM, finishes its step, checkpoints and exits 0 (resume=auto
+    goes on from there); the job still waiting is not started."""
+    sweep = tmp_path / "long"
+    r = _sweep(sweep, "sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "optim.lr=1e-3",
+               "hydra.launcher.per_gpu=1", "hydra.launcher.deadline=40", "train.epochs=10000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    status = {x["overrides"][1]: x for x in _rows(sweep)}
+    assert (status["pe=nope"]["status"], status["pe=nope"]["returncode"]) == ("PAUSED", 0)
+    assert status["pe=rope"]["status"] == "NOT_STARTED" and not (sweep / "transformer-rope").exists()
+    log = (sweep / "transformer-nope" / "lr0.001-s0" / "job.log").read_text()
+    assert "SIGTERM: stopped after this step: checkpointed" in log
+    assert (sweep / "transformer-nope" / "lr0.001-s0" / "checkpoints" / "latest").exists()
