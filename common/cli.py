@@ -59,8 +59,16 @@ def _register_launcher():
     from hydra.core.plugins import Plugins
     try:
         from hydra_plugins.duality_launcher.gpus import GPUsLauncher
-    except ImportError:  # the repo on PYTHONPATH without an install: train.py runs, hydra/launcher=gpus is not offered
-        return
+    except ImportError:
+        # the repo on PYTHONPATH without an install: duality/__init__ took the root off sys.path, so the plugin is
+        # read from there, the root back off after (Hydra said only "Unknown plugin class" for hydra/launcher=gpus)
+        sys.path.append(str(CONF.parent))
+        try:
+            from hydra_plugins.duality_launcher.gpus import GPUsLauncher
+        except ImportError:  # not there either: train.py runs, hydra/launcher=gpus is not offered
+            return
+        finally:
+            sys.path.remove(str(CONF.parent))
 
     name = f"{GPUsLauncher.__module__}.{GPUsLauncher.__name__}"
     Plugins.instance().class_name_to_class.setdefault(name, GPUsLauncher)
@@ -79,14 +87,19 @@ def lost_peer(e: BaseException) -> bool:
 def _best_lr(metric: str, *, _root_) -> float:
     """`${best_lr:val_acc}`: the best learning rate of this job's pair in its sweep's seed-0 grid (common/grid.py)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from .grid import best_lr
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        raise ConfigError("optim.lr=${best_lr:...} is a results sweep's seeds' learning rate, read from its grid's "
+                          "runs: run it as a sweep (python train.py -m sweep=results_<task>_seeds), or give optim.lr")
     return best_lr(HydraConfig.get().sweep.dir, f"{_root_.backbone.name}-{_root_.pe.name}", metric)
 
 
 def cli(run_fn, config_name: str, script: str | None = None):
     import hydra
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     OmegaConf.register_new_resolver("duality_help", lambda what: help_text(what, script or config_name), replace=True)
     OmegaConf.register_new_resolver("best_lr", _best_lr, replace=True)
@@ -100,7 +113,14 @@ def cli(run_fn, config_name: str, script: str | None = None):
     def _main(cfg):
         os.environ["DUALITY_CLI"] = "1"  # the process ends with this run (trainer/preempt.py: StopSignals.close)
         try:
-            return run_fn(cfg)
+            try:
+                return run_fn(cfg)
+            except OmegaConfBaseException as e:  # a resolver's own error (best_lr's), which OmegaConf re-raises
+                first = str(e).splitlines()[0]     # as its own type, keeping only the message
+                kind, _, why = first.partition(" raised while resolving interpolation: ")
+                if why and kind in {c.__name__ for c in USER_ERRORS}:
+                    raise ConfigError(why) from None
+                raise
         except USER_ERRORS as e:
             # a config error is every rank's under torchrun: rank 0 says it; other errors may be one rank's own
             if os.environ.get("RANK", "0") == "0" or not isinstance(e, ConfigError):

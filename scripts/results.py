@@ -38,13 +38,13 @@ TASKS = {
                              for n, x in ((512, "trained"), (2048, "4x"), (8192, "16x"), (32768, "64x"))]},
 }
 # seed 000's dual pairs: (what the softmax side is, its cell), (the linear side, its cell)
-DUAL_PAIRS = [("NoPE <-> linear attention", ("transformer", "nope"), ("linear_attn", "nope")),
-              ("ALiBi <-> RetNet", ("transformer", "alibi"), ("retnet", "nope")),
-              ("FoX <-> Mamba2", ("fox", "nope"), ("mamba2", "nope")),
-              ("FoX <-> GLA", ("fox", "nope"), ("gla", "nope")),
-              ("RoPE <-> complex gate (linear attention + RoPE)", ("transformer", "rope"), ("linear_attn", "rope")),
-              ("PaTH <-> DeltaNet", ("path", "nope"), ("deltanet", "nope")),
-              ("PaTH-FoX <-> Gated DeltaNet", ("path_fox", "nope"), ("gated_deltanet", "nope"))]
+DUAL_PAIRS = [("NoPE ↔ linear attention", ("transformer", "nope"), ("linear_attn", "nope")),
+              ("ALiBi ↔ RetNet", ("transformer", "alibi"), ("retnet", "nope")),
+              ("FoX ↔ Mamba2", ("fox", "nope"), ("mamba2", "nope")),
+              ("FoX ↔ GLA", ("fox", "nope"), ("gla", "nope")),
+              ("RoPE ↔ complex gate (linear attention + RoPE)", ("transformer", "rope"), ("linear_attn", "rope")),
+              ("PaTH ↔ DeltaNet", ("path", "nope"), ("deltanet", "nope")),
+              ("PaTH-FoX ↔ Gated DeltaNet", ("path_fox", "nope"), ("gated_deltanet", "nope"))]
 
 
 def record_path(task: str) -> Path:

@@ -34,6 +34,20 @@ def compose(overrides=(), config_name="config", hydra_config=False):
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=hydra_config)
 
 
+def sweep_job(overrides: list[str]) -> list[str]:
+    """The overrides of a -m sweep's first job: its sweep config's params (first values) under the given ones. A
+    results sweep's seeds read their lr from the grid's runs (`${best_lr:...}`, tests/test_results.py); here the
+    grid's first value stands in, so no sweep folder is read."""
+    from omegaconf import OmegaConf
+    given = {o.partition("=")[0] for o in overrides}
+    cfg = compose(overrides, hydra_config=True)
+    out = [*overrides, *(f"{k}={str(v).split(',')[0]}" for k, v in (cfg.hydra.sweeper.params or {}).items()
+                         if k not in given)]
+    if "optim.lr" not in given and str(OmegaConf.to_container(cfg.optim)["lr"]).startswith("${best_lr"):
+        out.append("optim.lr=1e-3")
+    return out
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
     """One embedded-corpus cache (small BPE vocabulary) for the whole session."""

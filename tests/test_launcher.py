@@ -79,3 +79,33 @@ def test_train_runs_where_the_launcher_is_not_importable(monkeypatch):
     monkeypatch.undo()
     cli._register_launcher()
     assert Plugins.instance().class_name_to_class[name].__name__ == "GPUsLauncher"
+
+
+def test_the_launcher_registers_from_a_checkout_on_pythonpath_without_an_install(tmp_path):
+    """The repo reached through a `duality` link on PYTHONPATH, not installed (as on a bare GPU machine): importing
+    duality takes the root off sys.path, and Hydra answered hydra/launcher=gpus with "Unknown plugin class". The
+    plugin is now read from the root, and the root is off sys.path again after."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "duality").symlink_to(ROOT)
+    probe = f"""
+import sys
+editable = lambda f: "__editable__" in (getattr(f, "__module__", "") or type(f).__module__)
+sys.meta_path[:] = [f for f in sys.meta_path if not editable(f)]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
+sys.path[:] = [p for p in sys.path if "__editable__" not in p]
+sys.path_importer_cache.clear()
+sys.path.insert(0, {str(tmp_path / 'site')!r})
+try:
+    import hydra_plugins.duality_launcher
+    print("importable before")
+except ImportError:
+    pass
+from duality.common import cli
+cli._register_launcher()
+from hydra.core.plugins import Plugins
+print("registered" if "hydra_plugins.duality_launcher.gpus.GPUsLauncher" in Plugins.instance().class_name_to_class
+      else "missing", {str(ROOT)!r} in sys.path)
+"""
+    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["registered", "False"]

@@ -7,7 +7,7 @@ import re
 import shlex
 
 import pytest
-from conftest import ROOT, compose
+from conftest import ROOT, compose, sweep_job
 
 from duality import eval as eval_lib
 from duality.trainer.config import check_config
@@ -79,16 +79,6 @@ def train_plan(line: str) -> dict:
         ov = sweep_job(ov)
     return check_config(compose(ov), world)
 
-
-def sweep_job(ov: list[str]) -> list[str]:
-    """The overrides of a -m sweep's first job: its sweep config's params (first values) under the command line's.
-    A results sweep's seeds read their lr from the grid's runs (`${best_lr:...}`, tests/test_results.py); here the
-    grid's first value stands in."""
-    from omegaconf import OmegaConf
-    OmegaConf.register_new_resolver("best_lr", lambda metric: 1e-3, replace=True)
-    given = {o.partition("=")[0] for o in ov}
-    params = compose(ov, hydra_config=True).hydra.sweeper.params or {}
-    return [*ov, *(f"{k}={str(v).split(',')[0]}" for k, v in params.items() if k not in given)]
 
 
 @pytest.mark.parametrize("line, error", TRAIN)

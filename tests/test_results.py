@@ -61,6 +61,9 @@ def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains
         ("backbone=transformer", "COMPLETED"), ("backbone=transformer", "COMPLETED")]
     assert "error: pe=alibi is a score scheme, which backbone=gla cannot use" in \
         (sweep / "gla-alibi" / "lr0.001-s0" / "job.log").read_text()
+    # the launcher's last word says how the jobs ended and why the failed ones failed (Hydra names one job only)
+    assert "[hydra] 4 jobs: 2 completed, 2 failed" in r.stdout
+    assert "\t2 failed with: error: pe=alibi is a score scheme, which backbone=gla cannot use" in r.stdout
     scores = {lr: json.loads((sweep / "transformer-alibi" / f"lr{lr}-s0" / "task_eval.json").read_text())
               for lr in ("0.001", "0.01")}
     assert all(set(s["curve"]) == {"128", "512"} for s in scores.values())  # scored at 1x and 4x the length
@@ -108,3 +111,14 @@ def test_a_sweeps_deadline_checkpoints_the_running_jobs_and_starts_no_more(tmp_p
     log = (sweep / "transformer-nope" / "lr0.001-s0" / "job.log").read_text()
     assert "SIGTERM: stopped after this step: checkpointed" in log
     assert (sweep / "transformer-nope" / "lr0.001-s0" / "checkpoints" / "latest").exists()
+
+
+@pytest.mark.slow
+def test_the_seeds_sweep_run_as_one_run_says_what_to_do(tmp_path):
+    """Without -m there is no grid to read the lr from: one line that says to run it as a sweep, not a traceback
+    (nor a run at the lr of whatever outputs/results the current folder holds)."""
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "sweep=results_mqar_seeds", "train.device=cpu",
+                        "logger=none"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: optim.lr=${best_lr:...} is a results sweep's seeds' learning rate, read from its grid's runs: run it "
+        "as a sweep (python train.py -m sweep=results_<task>_seeds), or give optim.lr"], r.stderr[-2000:]

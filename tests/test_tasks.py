@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, compose
+from conftest import ROOT, compose, sweep_job
 
 from duality.data import Tokenizer, tasks
 from duality.data.tasks import copying, mqar, state_tracking
@@ -362,8 +362,8 @@ def test_config_errors():
         check_config(compose(["task=mqar", "train.batch_size=32", "train.micro_batch=24"]))
     for name in ("mqar", "copying", "state_tracking", "mad"):
         check_config(compose([f"task={name}"]))
-    for sweep in sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")):
-        check_config(compose([f"sweep={sweep}"]))
+    for sweep in sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")):  # each sweep's first job
+        check_config(compose(sweep_job([f"sweep={sweep}"])))
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -85,7 +86,10 @@ class GPUsLauncher(Launcher):
         lock = threading.Lock()
         end = None if self.deadline is None else time.time() + self.deadline
 
-        def note(idx, gpu, overrides, start, status, rc=None):
+        ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
+
+        def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
+            ended.setdefault(status, []).append(job_dir)
             with open(sweep_dir / "launcher.jsonl", "a") as f:
                 f.write(json.dumps({"job": idx, "gpu": gpu, "overrides": overrides, "start": round(start, 3),
                                     "wall_s": round(time.time() - start, 3), "status": status,
@@ -102,10 +106,14 @@ class GPUsLauncher(Launcher):
                     payload.unlink(missing_ok=True)
                     with lock:  # passed over: done before, or no time left to start (the next launch runs it)
                         results[idx] = _passed_over(cfg, job_dir, "done" if done else "deadline")
-                        note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED")
+                        note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
                     continue
                 job_dir.mkdir(parents=True, exist_ok=True)
-                env = {**os.environ, "OMP_NUM_THREADS": omp}
+                # the job imports this module by name: where it is found only from its folder (the repo on
+                # PYTHONPATH, not installed), that folder goes on the job's path
+                here = str(Path(__file__).resolve().parents[2])
+                env = {**os.environ, "OMP_NUM_THREADS": omp,
+                       "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here]))}
                 if gpu is not None:
                     env["CUDA_VISIBLE_DEVICES"] = str(gpu)
                 where = "the CPU" if gpu is None else f"GPU {gpu}"
@@ -119,7 +127,7 @@ class GPUsLauncher(Launcher):
                 with lock:
                     results[idx] = ret
                     paused = stopped and ret.status == JobStatus.COMPLETED  # checkpointed at the deadline
-                    note(idx, gpu, overrides, start, "PAUSED" if paused else ret.status.name, rc)
+                    note(idx, gpu, overrides, start, "PAUSED" if paused else ret.status.name, rc, job_dir)
                 if ret.status != JobStatus.COMPLETED:
                     log.error(f"\t#{idx} on {where} failed (exit {rc}): see {job_dir / 'job.log'}")
 
@@ -131,7 +139,26 @@ class GPUsLauncher(Launcher):
         with contextlib.suppress(OSError):  # empty once every job's payload and result were read
             (sweep_dir / ".launcher").rmdir()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        log.info(summary(ended, sweep_dir))
         return [results[i] for i in sorted(results)]
+
+
+def summary(ended: dict[str, list], sweep_dir: Path) -> str:
+    """How the launch's jobs ended, and why the failed ones failed (their `error:` lines, grouped): Hydra then stops
+    at the first failed job's exception, which names one job, not how many or why."""
+    counts = ", ".join(f"{len(v)} {k.lower().replace('_', ' ')}" for k, v in sorted(ended.items()))
+    lines = [f"{sum(map(len, ended.values()))} jobs: {counts} (each job: {sweep_dir / 'launcher.jsonl'})"]
+    why: dict[str, int] = {}
+    for job_dir in ended.get("FAILED", []):
+        text = (job_dir / "job.log").read_text(errors="replace") if (job_dir / "job.log").is_file() else ""
+        errors = [ln for ln in text.splitlines()
+                  if ln.startswith("error: ") or re.match(r"\w[\w.]*(Error|Exception): ", ln)]
+        line = errors[-1] if errors else "no error line (see the job's job.log)"
+        why[line[:160]] = why.get(line[:160], 0) + 1
+    lines += [f"\t{n} failed with: {line}" for line, n in sorted(why.items(), key=lambda x: -x[1])[:8]]
+    if len(why) > 8:
+        lines.append(f"\t... and {len(why) - 8} other reasons (each job's job.log)")
+    return "\n".join(lines)
 
 
 def _wait(proc: subprocess.Popen, end: float | None) -> tuple[int, bool]:
