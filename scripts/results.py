@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
+import statistics
 import sys
 from pathlib import Path
+
+from hydra_plugins.duality_launcher.gpus import error_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "docs" / "results"
@@ -59,15 +61,11 @@ def load(task: str) -> dict | None:
 def reason_of(log: Path) -> tuple[str, str]:
     """(status, reason) of a run folder without a result: the model's refusal, the job's own error line, or
     unfinished (no error: stopped at a deadline, or still to run)."""
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    errors = [ln for ln in text.splitlines() if ln.startswith("error: ")]
-    if errors:
-        why = errors[-1].removeprefix("error: ")
-        return ("refused" if "cannot use" in why else "failed"), why
-    faults = [ln for ln in text.splitlines() if re.match(r"^[A-Za-z_.]+(Error|Exception): ", ln)]
-    if faults:
-        return "failed", faults[-1][:300]
-    return "unfinished", "stopped before the end (a deadline) or not started"
+    line = error_line(log)
+    if line is None:
+        return "unfinished", "stopped before the end (a deadline) or not started"
+    why = line.removeprefix("error: ")
+    return ("refused" if "cannot use" in why else "failed"), why[:300]
 
 
 def collect_runs(sweep: Path, task: str) -> dict:
@@ -75,7 +73,7 @@ def collect_runs(sweep: Path, task: str) -> dict:
     for run in sorted(p for p in sweep.glob("*-*/*") if p.is_dir()):
         pair, name = run.parent.name, run.name
         backbone, _, pe = pair.partition("-")
-        if backbone not in BACKBONES:  # a pair folder's backbone may hold '-'? none does; skip strays
+        if backbone not in BACKBONES:  # not a run folder of this layout
             continue
         m = re.fullmatch(r"(?:lr(?P<lr>[0-9.e-]+)|best)-s(?P<seed>\d+)", name)
         if not m:
@@ -130,9 +128,8 @@ def cell_runs(rec: dict, backbone: str, pe: str) -> list[dict]:
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
-    m = sum(values) / len(values)
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return m, sd
+    """Mean and sample sd (0 for one seed: the cell then says how many seeds it has)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def short_reason(rec: dict, backbone: str, pe: str) -> str:

@@ -80,7 +80,6 @@ def train_plan(line: str) -> dict:
     return check_config(compose(ov), world)
 
 
-
 @pytest.mark.parametrize("line, error", TRAIN)
 def test_train_commands_compose_and_pass_the_checks(line, error):
     """README and docs/: each train.py command composes and passes train.py's checks, or, where a page shows it with

@@ -122,3 +122,33 @@ def test_the_seeds_sweep_run_as_one_run_says_what_to_do(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: optim.lr=${best_lr:...} is a results sweep's seeds' learning rate, read from its grid's runs: run it "
         "as a sweep (python train.py -m sweep=results_<task>_seeds), or give optim.lr"], r.stderr[-2000:]
+
+
+def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_has_none(tmp_path, monkeypatch):
+    """The table from a record written by hand: seed 0 at the grid's chosen lr (not the other grid run) with seeds
+    1 and 2; a refused pair, a failed one and a pair never run each say so."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path)
+
+    def run(pe, name, seed, lr, acc, stage):
+        return {f"gla-{pe}/{name}": {"backbone": "gla", "pe": pe, "seed": seed, "stage": stage, "status": "finished",
+                                     "lr": lr, "val_loss": 1.0, "scores": {"at 128 (trained)": acc,
+                                                                            "at 512 (4x)": acc / 2}}}
+    runs = {**run("rope", "lr0.001-s0", 0, 1e-3, 0.50, "grid"), **run("rope", "lr0.01-s0", 0, 1e-2, 0.90, "grid"),
+            **run("rope", "best-s1", 1, 1e-2, 0.95, "seeds"), **run("rope", "best-s2", 2, 1e-2, 1.00, "seeds"),
+            "gla-alibi/lr0.001-s0": {"backbone": "gla", "pe": "alibi", "seed": 0, "stage": "grid", "status": "refused",
+                                     "reason": "pe=alibi is a score scheme, which backbone=gla cannot use"},
+            "gla-nope/lr0.001-s0": {"backbone": "gla", "pe": "nope", "seed": 0, "stage": "grid", "status": "failed",
+                                    "reason": "RuntimeError: a fault"}}
+    (tmp_path / "mqar.json").write_text(json.dumps({"task": "mqar", "title": "MQAR", "chosen_lr": {"gla-rope": 1e-2},
+                                                    "runs": runs, "sessions": [{"date": "d", "device": "x",
+                                                    "finished": 4, "pairs": 3, "refused": 1, "command": "c",
+                                                    "commit": "k", "software": "s"}]}))
+    rows = [x for x in results.table("mqar").splitlines() if x.startswith("| gla |")]
+    # schemes present: nope, rope, alibi (in SCHEMES' order); 90, 95, 100 -> 95.0 ± 5.0; halved at 512 -> 47.5 ± 2.5
+    assert [r.strip(" |").split(" | ")[1:] for r in rows[:2]] == [
+        ["failed (see record)", "95.0 ± 5.0", "refused: score scheme"],
+        ["failed (see record)", "47.5 ± 2.5", "refused: score scheme"]]
+    assert results.cell(json.loads((tmp_path / "mqar.json").read_text()), "mamba2", "rope", "at 128 (trained)") == \
+        "not run"

@@ -85,6 +85,10 @@ class GPUsLauncher(Launcher):
         results: dict[int, JobReturn] = {}
         lock = threading.Lock()
         end = None if self.deadline is None else time.time() + self.deadline
+        # the job imports this module by name: where it is found only from its folder (the repo on PYTHONPATH, not
+        # installed), that folder goes on the job's path
+        here = str(Path(__file__).resolve().parents[2])
+        pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here]))
 
         ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
 
@@ -109,11 +113,7 @@ class GPUsLauncher(Launcher):
                         note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
                     continue
                 job_dir.mkdir(parents=True, exist_ok=True)
-                # the job imports this module by name: where it is found only from its folder (the repo on
-                # PYTHONPATH, not installed), that folder goes on the job's path
-                here = str(Path(__file__).resolve().parents[2])
-                env = {**os.environ, "OMP_NUM_THREADS": omp,
-                       "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here]))}
+                env = {**os.environ, "OMP_NUM_THREADS": omp, "PYTHONPATH": pythonpath}
                 if gpu is not None:
                     env["CUDA_VISIBLE_DEVICES"] = str(gpu)
                 where = "the CPU" if gpu is None else f"GPU {gpu}"
@@ -150,15 +150,20 @@ def summary(ended: dict[str, list], sweep_dir: Path) -> str:
     lines = [f"{sum(map(len, ended.values()))} jobs: {counts} (each job: {sweep_dir / 'launcher.jsonl'})"]
     why: dict[str, int] = {}
     for job_dir in ended.get("FAILED", []):
-        text = (job_dir / "job.log").read_text(errors="replace") if (job_dir / "job.log").is_file() else ""
-        errors = [ln for ln in text.splitlines()
-                  if ln.startswith("error: ") or re.match(r"\w[\w.]*(Error|Exception): ", ln)]
-        line = errors[-1] if errors else "no error line (see the job's job.log)"
-        why[line[:160]] = why.get(line[:160], 0) + 1
+        line = (error_line(job_dir / "job.log") or "no error line (see the job's job.log)")[:160]
+        why[line] = why.get(line, 0) + 1
     lines += [f"\t{n} failed with: {line}" for line, n in sorted(why.items(), key=lambda x: -x[1])[:8]]
     if len(why) > 8:
         lines.append(f"\t... and {len(why) - 8} other reasons (each job's job.log)")
     return "\n".join(lines)
+
+
+def error_line(log: Path) -> str | None:
+    """A job's last word on why it failed: train.py's one-line `error: ...`, else the last exception line."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    errors = [ln for ln in text.splitlines()
+              if ln.startswith("error: ") or re.match(r"\w[\w.]*(Error|Exception): ", ln)]
+    return errors[-1] if errors else None
 
 
 def _wait(proc: subprocess.Popen, end: float | None) -> tuple[int, bool]:
