@@ -14,6 +14,17 @@ from pathlib import Path
 from .errors import ConfigError
 
 
+def lr_of(run_name: str) -> float:
+    """The lr a grid run's folder names: lr0.003-s0 -> 0.003."""
+    return float(run_name.removeprefix("lr").rpartition("-s")[0])
+
+
+def grid_of(sweep_dir: Path) -> set[float]:
+    """The grid: every lr a seed-0 run folder of any pair names. The launcher starts a pair's grid runs one after
+    another, so a pair the sweep reached holds a folder for each, finished or not."""
+    return {lr_of(p.name) for p in Path(sweep_dir).glob("*-*/lr*-s0") if p.is_dir()}
+
+
 def grid_runs(pair_dir: Path) -> tuple[dict[float, dict], list[Path]]:
     """{lr: task_eval.json} of the pair's finished seed-0 grid runs, and the grid folders with no result yet."""
     done, missing = {}, []
@@ -35,9 +46,11 @@ def choose(done: dict[float, dict], metric: str = "val_acc") -> float:
 def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc") -> float:
     pair_dir = Path(sweep_dir) / pair
     done, missing = grid_runs(pair_dir)
-    if missing or not done:
+    absent = sorted(grid_of(Path(sweep_dir)) - set(done) - {lr_of(m.name) for m in missing})
+    if missing or absent or not done:
         what = f"{len(missing)} of its grid runs have no task_eval.json ({missing[0].name}, ...)" if missing else \
-            "no grid run of it finished"
+            "no grid run of it finished" if not done else \
+            f"its grid lacks lr {', '.join(f'{x:g}' for x in absent)} (run by other pairs)"
         raise ConfigError(f"best_lr: {pair} in {sweep_dir}: {what}; run (or finish) the grid sweep first, the same "
                           "command without _seeds")
     return choose(done, metric)

@@ -63,7 +63,7 @@ def reason_of(log: Path) -> tuple[str, str]:
     unfinished (no error: stopped at a deadline, or still to run)."""
     line = error_line(log)
     if line is None:
-        return "unfinished", "stopped before the end (a deadline) or not started"
+        return "unfinished", "stopped before the end (a deadline, or the lease ended) or not started"
     why = line.removeprefix("error: ")
     return ("refused" if "cannot use" in why else "failed"), why[:300]
 
@@ -94,13 +94,15 @@ def collect_runs(sweep: Path, task: str) -> dict:
 
 
 def chosen_lrs(runs: dict, metric: str) -> dict:
-    """Each pair's learning rate for seeds 1 and 2: common/grid.py's choice over its finished seed-0 grid runs."""
+    """Each pair's learning rate for seeds 1 and 2: common/grid.py's choice over its seed-0 grid runs, once every lr
+    of the grid (each lr any pair's grid run names) has finished for it."""
     from duality.common.grid import choose
+    grid = {r["lr"] for r in runs.values() if r["stage"] == "grid" and "lr" in r}
     grids: dict[str, dict] = {}
     for key, r in runs.items():
         if r["stage"] == "grid" and r["status"] == "finished":
             grids.setdefault(key.split("/")[0], {})[r["lr"]] = r
-    return {pair: choose(done, metric) for pair, done in sorted(grids.items())}
+    return {pair: choose(done, metric) for pair, done in sorted(grids.items()) if set(done) == grid}
 
 
 def collect(task: str, sweep: Path, meta: dict) -> dict:
@@ -108,11 +110,13 @@ def collect(task: str, sweep: Path, meta: dict) -> dict:
     new = collect_runs(sweep, task)
     if not new:
         raise SystemExit(f"{sweep}: no run folders (<backbone>-<pe>/lr<lr>-s<seed> or best-s<seed>) found")
+    before = {k for k, r in rec["runs"].items() if r["status"] == "finished"}  # a sweep folder kept over sessions
     rec["runs"].update(new)
     rec["runs"] = dict(sorted(rec["runs"].items()))
     rec["chosen_lr"] = chosen_lrs(rec["runs"], TASKS[task]["metric"])
     pairs = {k.split("/")[0]: r["status"] for k, r in new.items()}
-    rec["sessions"].append({**meta, "finished": sum(r["status"] == "finished" for r in new.values()),
+    rec["sessions"].append({**meta, "finished": sum(r["status"] == "finished" and k not in before
+                                                    for k, r in new.items()),
                             "pairs": len(pairs), "refused": sum(s == "refused" for s in pairs.values())})
     record_path(task).parent.mkdir(parents=True, exist_ok=True)
     record_path(task).write_text(json.dumps(rec, indent=1) + "\n")
@@ -145,7 +149,7 @@ def short_reason(rec: dict, backbone: str, pe: str) -> str:
                 kind = re.search(r"is an? (\S+) scheme", hit["reason"])
                 return f"refused: {kind[1] if kind else 'this'} scheme"
             return "failed (see record)" if status == "failed" else "not finished"
-    return "not run"
+    return "grid not finished" if any(r["stage"] == "grid" for r in others) else "not run"
 
 
 def cell(rec: dict, backbone: str, pe: str, label: str) -> str:
@@ -153,12 +157,17 @@ def cell(rec: dict, backbone: str, pe: str, label: str) -> str:
     if not runs:
         return short_reason(rec, backbone, pe)
     m, sd = mean_sd([100 * r["scores"][label] for r in runs])
-    return f"{m:.1f} ± {sd:.1f}" + ("" if len(runs) == 3 else f" ({len(runs)} seeds)")
+    return f"{m:.1f} (1 seed)" if len(runs) == 1 else f"{m:.1f} ± {sd:.1f}" + ("" if len(runs) == 3 else
+                                                                             f" ({len(runs)} seeds)")
 
 
-def schemes_of(rec: dict) -> list[str]:
-    seen = {k.split("/")[0].partition("-")[2] for k in rec["runs"]}
-    return [s for s in SCHEMES if s in seen]
+def planned(task: str) -> tuple[list[str], list[str]]:
+    """The backbones and schemes the task's sweep runs (conf/sweep/results_<task>_seeds.yaml): the table's rows and
+    columns, so a pair not reached yet is a cell that says so."""
+    from omegaconf import OmegaConf
+    params = OmegaConf.load(ROOT / "conf" / "sweep" / f"results_{task}_seeds.yaml").hydra.sweeper.params
+    backbones, schemes = str(params.backbone).split(","), str(params.pe).split(",")
+    return [b for b in BACKBONES if b in backbones], [s for s in SCHEMES if s in schemes]
 
 
 def table(task: str) -> str:
@@ -166,19 +175,19 @@ def table(task: str) -> str:
     rec = load(task)
     if rec is None:
         return f"(no record yet: {record_path(task).relative_to(ROOT)})"
-    schemes = schemes_of(rec)
+    backbones, schemes = planned(task)
     out = []
     for label, _ in TASKS[task]["points"]:
         out += [f"**{rec['title']}, accuracy {label}**, %, mean ± sd over seeds 0-2", "",
                 "| backbone | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
-        out += [f"| {b} | " + " | ".join(cell(rec, b, s, label) for s in schemes) + " |" for b in BACKBONES]
+        out += [f"| {b} | " + " | ".join(cell(rec, b, s, label) for s in schemes) + " |" for b in backbones]
         out.append("")
     lrs = rec.get("chosen_lr", {})
     grid = sorted({r["lr"] for r in rec["runs"].values() if r["stage"] == "grid" and "lr" in r})
     out += [f"Learning rate of each cell (the best of {', '.join(f'{x:g}' for x in grid)} on seed 0, by accuracy at "
             "the training length):", "", "| backbone | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
     out += [f"| {b} | " + " | ".join(f"{lrs[f'{b}-{s}']:g}" if f"{b}-{s}" in lrs else "—" for s in schemes) + " |"
-            for b in BACKBONES]
+            for b in backbones]
     s = rec["sessions"]
     runs = "; ".join(f"{x['date']}, {x['device']}: {x['finished']} runs finished over {x['pairs'] - x['refused']} "
                      f"pairs, {x['refused']} pairs refused by the model ({x['command']}; commit {x['commit']})"
@@ -222,15 +231,16 @@ def mqar_summary() -> str:
 
 
 def duality_table() -> str:
-    """Each dual pair's two cells side by side, on every task with a record."""
+    """Each dual pair's two cells side by side, on every task with a record, at the training length and the first
+    length beyond it (the task's own table has the rest)."""
     recs = {t: load(t) for t in TASKS}
     recs = {t: r for t, r in recs.items() if r}
-    head = [f"{recs[t]['title']} {label}" for t in recs for label, _ in TASKS[t]["points"]]
+    head = [f"{recs[t]['title']} {label}" for t in recs for label, _ in TASKS[t]["points"][:2]]
     out = ["| dual pair | softmax side | linear side | " + " | ".join(head) + " |",
            "|---|---|---|" + "---|" * len(head)]
     for name, (b1, p1), (b2, p2) in DUAL_PAIRS:
         vals = [f"{cell(r, b1, p1, label)} vs {cell(r, b2, p2, label)}" for t, r in recs.items()
-                for label, _ in TASKS[t]["points"]]
+                for label, _ in TASKS[t]["points"][:2]]
         out.append(f"| {name} | {b1} + {p1} | {b2} + {p2} | " + " | ".join(vals) + " |")
     return "\n".join(out)
 
@@ -244,11 +254,11 @@ def plot(task: str, out: Path | None = None) -> Path:
     import numpy as np
 
     rec = load(task)
-    schemes, points = schemes_of(rec), TASKS[task]["points"]
+    (backbones, schemes), points = planned(task), TASKS[task]["points"]
     fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points) + 1.5, 7), squeeze=False, sharey=True)
     for k, (ax, (label, _)) in enumerate(zip(axes[0], points)):
-        grid = np.full((len(BACKBONES), len(schemes)), np.nan)
-        for i, b in enumerate(BACKBONES):
+        grid = np.full((len(backbones), len(schemes)), np.nan)
+        for i, b in enumerate(backbones):
             for j, s in enumerate(schemes):
                 runs = cell_runs(rec, b, s)
                 if runs:
@@ -260,11 +270,11 @@ def plot(task: str, out: Path | None = None) -> Path:
                     ax.text(j, i, short_reason(rec, b, s).split(":")[0], ha="center", va="center", fontsize=6)
         im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(schemes)), schemes, rotation=40, ha="right", fontsize=8)
-        ax.set_yticks(range(len(BACKBONES)), BACKBONES, fontsize=8)
+        ax.set_yticks(range(len(backbones)), backbones, fontsize=8)
         ax.tick_params(labelleft=k == 0)
-        ax.set_title(f"{rec['title']}: accuracy {label}, %", fontsize=9)
-    fig.suptitle(f"{rec['title']}: mean over seeds 0-2 at each cell's learning rate (docs/results/{task}.json)",
-                 fontsize=9)
+        ax.set_title(f"accuracy {label}, %", fontsize=9)
+    fig.suptitle(f"{rec['title']}: mean over the seeds run (3 a finished cell) at each cell's learning rate\n"
+                 f"(docs/results/{task}.json)", fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.6)
     out = out or RECORDS / f"{task}.png"
     fig.savefig(out, dpi=110, bbox_inches="tight")

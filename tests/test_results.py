@@ -46,6 +46,50 @@ def test_the_best_lr_is_the_grids_best_at_the_training_length_ties_to_the_lower_
         best_lr(tmp_path, "gla-rope")
     with pytest.raises(ConfigError, match="fox-alibi .*no grid run of it finished"):
         best_lr(tmp_path, "fox-alibi")
+    # a pair the sweep reached but whose grid is short of an lr other pairs ran (cut off before it started)
+    _grid_run(tmp_path, "fox-nope", 0.001, 0.9, 0.1)
+    _grid_run(tmp_path, "fox-nope", 0.003, 0.9, 0.1)
+    with pytest.raises(ConfigError, match=r"fox-nope in .*: its grid lacks lr 0.01, 0.03 \(run by other pairs\)"):
+        best_lr(tmp_path, "fox-nope")
+
+
+def _finished(sweep, pair, name, lr, acc):
+    run = sweep / pair / name
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "task_eval.json").write_text(json.dumps({"config": {"optim": {"lr": lr}}, "step": 10, "tokens": 100,
+                                                    "val_loss": 1 - acc, "val_acc": acc,
+                                                    "curve": {"128": acc, "512": acc / 2}}))
+
+
+def test_a_record_collected_over_sessions_chooses_no_lr_before_a_pairs_grid_is_whole(tmp_path, monkeypatch):
+    """A sweep folder kept over device sessions, collected after each: a pair with part of its grid finished gets
+    no lr (its cell says why), and each session counts only the runs it finished."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    sweep = tmp_path / "mqar"
+    for lr, acc in ((0.001, 0.5), (0.01, 0.8)):
+        _finished(sweep, "transformer-rope", f"lr{lr}-s0", lr, acc)
+    _finished(sweep, "gla-rope", "lr0.001-s0", 0.001, 0.9)
+    (sweep / "gla-rope" / "lr0.01-s0").mkdir()  # stopped when the session ended: no job.log error, no result
+    meta = {"date": "d", "device": "x", "software": "s", "command": "c", "commit": "k"}
+    rec = results.collect("mqar", sweep, meta)
+    assert rec["chosen_lr"] == {"transformer-rope": 0.01}
+    assert rec["sessions"][-1]["finished"] == 3
+    assert results.cell(rec, "transformer", "rope", "at 128 (trained)") == "80.0 (1 seed)"
+    assert results.cell(rec, "gla", "rope", "at 128 (trained)") == "not finished"
+    # next session: gla's second lr finishes (better), and a seed of the transformer
+    _finished(sweep, "gla-rope", "lr0.01-s0", 0.01, 0.95)
+    _finished(sweep, "transformer-rope", "best-s1", 0.01, 0.7)
+    rec = results.collect("mqar", sweep, meta)
+    assert rec["chosen_lr"] == {"gla-rope": 0.01, "transformer-rope": 0.01}
+    assert [x["finished"] for x in rec["sessions"]] == [3, 2]
+    assert results.cell(rec, "transformer", "rope", "at 128 (trained)") == "75.0 ± 7.1 (2 seeds)"
+    # a pair with a finished grid run but another lr never started reads as an unfinished grid, with no lr
+    _finished(sweep, "fox-rope", "lr0.001-s0", 0.001, 0.9)
+    rec = results.collect("mqar", sweep, meta)
+    assert "fox-rope" not in rec["chosen_lr"]
+    assert results.cell(rec, "fox", "rope", "at 128 (trained)") == "grid not finished"
 
 
 @pytest.mark.slow
@@ -90,9 +134,10 @@ def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains
     table = results.table("mqar")
     accs = [100 * s["curve"]["128"] for s in (scores[best], seeded)]
     mean = sum(accs) / 2
+    alibi = results.SCHEMES.index("alibi") + 1  # the sweep's schemes are the columns, after the backbone's name
     row = next(x for x in table.splitlines() if x.startswith("| transformer |"))
-    assert row.strip(" |").split(" | ")[1] == f"{mean:.1f} ± {abs(accs[0] - accs[1]) / 2 ** 0.5:.1f} (2 seeds)"
-    assert next(x for x in table.splitlines() if x.startswith("| gla |")).strip(" |").split(" | ")[1] == \
+    assert row.strip(" |").split(" | ")[alibi] == f"{mean:.1f} ± {abs(accs[0] - accs[1]) / 2 ** 0.5:.1f} (2 seeds)"
+    assert next(x for x in table.splitlines() if x.startswith("| gla |")).strip(" |").split(" | ")[alibi] == \
         "refused: score scheme"
     assert results.plot("mqar").stat().st_size > 10_000
 
@@ -111,6 +156,19 @@ def test_a_sweeps_deadline_checkpoints_the_running_jobs_and_starts_no_more(tmp_p
     log = (sweep / "transformer-nope" / "lr0.001-s0" / "job.log").read_text()
     assert "SIGTERM: stopped after this step: checkpointed" in log
     assert (sweep / "transformer-nope" / "lr0.001-s0" / "checkpoints" / "latest").exists()
+
+
+@pytest.mark.slow
+def test_a_sweeps_start_by_lets_the_running_job_finish_and_starts_no_more(tmp_path):
+    """hydra.launcher.start_by (a lease's end): the job running then finishes, the one waiting is not started."""
+    sweep = tmp_path / "short"
+    r = _sweep(sweep, "sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "optim.lr=1e-3",
+               "hydra.launcher.per_gpu=1", "hydra.launcher.start_by=1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    status = {x["overrides"][1]: x for x in _rows(sweep)}
+    assert (status["pe=nope"]["status"], status["pe=nope"]["wall_s"] > 1) == ("COMPLETED", True)
+    assert (sweep / "transformer-nope" / "lr0.001-s0" / "task_eval.json").exists()
+    assert status["pe=rope"]["status"] == "NOT_STARTED" and not (sweep / "transformer-rope").exists()
 
 
 @pytest.mark.slow
@@ -146,9 +204,12 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
                                                     "finished": 4, "pairs": 3, "refused": 1, "command": "c",
                                                     "commit": "k", "software": "s"}]}))
     rows = [x for x in results.table("mqar").splitlines() if x.startswith("| gla |")]
-    # schemes present: nope, rope, alibi (in SCHEMES' order); 90, 95, 100 -> 95.0 ± 5.0; halved at 512 -> 47.5 ± 2.5
+    # columns: the sweep's schemes (nope, rope, selective_rope, alibi, t5, vo_rope), a pair with no run "not run";
+    # 90, 95, 100 -> 95.0 ± 5.0; halved at 512 -> 47.5 ± 2.5
     assert [r.strip(" |").split(" | ")[1:] for r in rows[:2]] == [
-        ["failed (see record)", "95.0 ± 5.0", "refused: score scheme"],
-        ["failed (see record)", "47.5 ± 2.5", "refused: score scheme"]]
+        ["failed (see record)", "95.0 ± 5.0", "not run", "refused: score scheme", "not run", "not run"],
+        ["failed (see record)", "47.5 ± 2.5", "not run", "refused: score scheme", "not run", "not run"]]
+    assert sum(x.startswith("| ") and " | " in x and x.split(" | ")[0][2:] in results.BACKBONES
+               for x in results.table("mqar").splitlines()) == 3 * 12  # every backbone a row, in each table
     assert results.cell(json.loads((tmp_path / "mqar.json").read_text()), "mamba2", "rope", "at 128 (trained)") == \
         "not run"

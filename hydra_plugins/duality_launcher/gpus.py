@@ -3,6 +3,7 @@
     python train.py -m sweep=parity hydra/launcher=gpus                          # every visible GPU, a job on each
     python train.py -m sweep=parity hydra/launcher=gpus hydra.launcher.per_gpu=4 # small models: 4 jobs a GPU at once
     python train.py -m sweep=results_mqar hydra/launcher=gpus hydra.launcher.deadline=540   # resumable in pieces
+    python train.py -m sweep=results_s2 hydra/launcher=gpus hydra.launcher.start_by=900     # none starts after 15 min
 
 Hydra's basic launcher runs the jobs one after another in its own process, on one GPU; the submitit launcher's local
 mode gives every job the same GPUs. Here each job is a process of its own, started with CUDA_VISIBLE_DEVICES set to
@@ -11,7 +12,9 @@ job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` say
 how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
 still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more;
 with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file a finished job leaves in
-its folder, e.g. task_eval.json) passes over the jobs already done. Each job is Hydra's own multirun job (its
+its folder, e.g. task_eval.json) passes over the jobs already done. `start_by` (seconds after the launch) starts no
+job after it and lets the running ones finish: the end of a lease, where a paused job's checkpoint would be lost with
+the machine. Each job is Hydra's own multirun job (its
 folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. The job is handed over with
 cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a
 closure.
@@ -44,13 +47,16 @@ log = logging.getLogger(__name__)
 
 class GPUsLauncher(Launcher):
     def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1, deadline: float | None = None,
-                 skip_done: str | None = None) -> None:
+                 skip_done: str | None = None, start_by: float | None = None) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
         if deadline is not None and float(deadline) <= 0:
             raise ValueError(f"hydra.launcher.deadline={deadline}: seconds after the launch, > 0 (null: none)")
+        if start_by is not None and float(start_by) <= 0:
+            raise ValueError(f"hydra.launcher.start_by={start_by}: seconds after the launch, > 0 (null: none)")
         self.gpus, self.per_gpu = (None if gpus is None else [_gpu(g) for g in gpus]), int(per_gpu)
         self.deadline, self.skip_done = (None if deadline is None else float(deadline)), skip_done
+        self.start_by = None if start_by is None else float(start_by)
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -84,7 +90,9 @@ class GPUsLauncher(Launcher):
             todo.put((idx, list(overrides), cfg, job_dir, payload))
         results: dict[int, JobReturn] = {}
         lock = threading.Lock()
-        end = None if self.deadline is None else time.time() + self.deadline
+        now = time.time()
+        end = None if self.deadline is None else now + self.deadline
+        last_start = min((t for t in (end, self.start_by and now + self.start_by) if t), default=float("inf"))
         # the job imports this module by name: where it is found only from its folder (the repo on PYTHONPATH, not
         # installed), that folder goes on the job's path
         here = str(Path(__file__).resolve().parents[2])
@@ -106,7 +114,7 @@ class GPUsLauncher(Launcher):
                 except queue.Empty:
                     return
                 done = self.skip_done and (job_dir / self.skip_done).exists()
-                if done or (end is not None and time.time() >= end):
+                if done or time.time() >= last_start:
                     payload.unlink(missing_ok=True)
                     with lock:  # passed over: done before, or no time left to start (the next launch runs it)
                         results[idx] = _passed_over(cfg, job_dir, "done" if done else "deadline")
