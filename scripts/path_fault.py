@@ -76,8 +76,11 @@ def main(argv=None) -> int:
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             lines = (r.stdout + r.stderr).strip().splitlines()
-            said = "ok" if r.returncode == 0 and lines and lines[-1].startswith("ok") else \
-                next((x for x in reversed(lines) if "Error" in x), lines[-1] if lines else f"exit {r.returncode}")
+            if r.returncode == 0 and lines and lines[-1].startswith("ok"):
+                said = lines[-1]  # "ok", or "ok, but a gradient is not finite"
+            else:
+                last = lines[-1] if lines else f"exit {r.returncode}"
+                said = next((x for x in reversed(lines) if "Error" in x), last)
         except subprocess.TimeoutExpired:
             said = "timed out after 600 s"
         case = {"B": b, "T": t, "H": h, "D": d, "gate": gate, "num_stages_1": stages1, "outcome": said[:300]}

@@ -92,7 +92,7 @@ class GPUsLauncher(Launcher):
         lock = threading.Lock()
         now = time.time()
         end = None if self.deadline is None else now + self.deadline
-        last_start = min((t for t in (end, self.start_by and now + self.start_by) if t), default=float("inf"))
+        last_start = min(end or float("inf"), float("inf") if self.start_by is None else now + self.start_by)
         # the job imports this module by name: where it is found only from its folder (the repo on PYTHONPATH, not
         # installed), that folder goes on the job's path
         here = str(Path(__file__).resolve().parents[2])
@@ -117,7 +117,7 @@ class GPUsLauncher(Launcher):
                 if done or time.time() >= last_start:
                     payload.unlink(missing_ok=True)
                     with lock:  # passed over: done before, or no time left to start (the next launch runs it)
-                        results[idx] = _passed_over(cfg, job_dir, "done" if done else "deadline")
+                        results[idx] = _passed_over(cfg, job_dir, "done" if done else "no time to start")
                         note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
                     continue
                 job_dir.mkdir(parents=True, exist_ok=True)
