@@ -38,3 +38,25 @@ def test_dispatch_convention():
         path_attention(q, k, v, w, beta, impl="fla")
     with pytest.raises(ValueError, match="impl must be None, 'torch' or 'fla'"):
         path_attention(q, k, v, w, beta, impl="chunked")
+
+
+def test_heads_padded_with_zeros_give_the_same_attention_and_gradients():
+    """kernels/path_attention/fla.py pads heads of 32 to 64 (FLA's backward faults at 32): exact, in float64."""
+    from duality.kernels.path_attention.fla import pad_heads
+    B, T, H, D = 2, 11, 3, 5
+    q, k, v = (torch.randn(B, T, H, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, dtype=torch.float64), dim=-1).requires_grad_()
+    beta = (2 * torch.rand(B, T, H, dtype=torch.float64)).requires_grad_()
+    c = torch.cumsum(torch.nn.functional.logsigmoid(torch.randn(B, T, H, dtype=torch.float64)), 1)
+    ref = path_attention_reference(q, k, v, w, beta, c, scale=D ** -0.5)
+    padded = pad_heads(q, k, v, w, size=8)
+    assert padded[0].shape == (B, T, H, 8) and padded[3][..., D:].abs().max() == 0
+    out = path_attention_reference(*padded, beta, c, scale=D ** -0.5)
+    assert out[..., D:].abs().max() == 0
+    torch.testing.assert_close(out[..., :D], ref)
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad((ref * g).sum(), (q, k, v, w, beta))
+    grads_padded = torch.autograd.grad((out[..., :D] * g).sum(), (q, k, v, w, beta))
+    for a, b in zip(grads, grads_padded):
+        torch.testing.assert_close(b, a)
+    assert pad_heads(q, k, v, w, size=D)[0] is q   # wide enough: unchanged
