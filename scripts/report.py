@@ -821,11 +821,11 @@ def main(argv=None) -> int:
     if a.check and stale:
         print("out of date with their records (run python scripts/report.py):", ", ".join(stale))
         return 1
-    if not a.check:  # the results page's heatmaps too (PNG bytes vary with matplotlib: --check reads the tables)
-        for task in results.TASKS:
-            if results.load(task) is not None:
-                stale.append(rel(results.plot(task)))
     print(("rewrote: " + ", ".join(stale)) if stale and not a.check else "every generated block is up to date")
+    if not a.check:  # the results page's heatmaps, always (PNG bytes vary with matplotlib: --check reads the tables)
+        drawn = [rel(results.plot(task)) for task in results.TASKS if results.load(task) is not None]
+        if drawn:
+            print("drew: " + ", ".join(drawn))
     return 0
 
 

@@ -46,7 +46,10 @@ DUAL_PAIRS = [("NoPE ↔ linear attention", ("transformer", "nope"), ("linear_at
               ("FoX ↔ GLA", ("fox", "nope"), ("gla", "nope")),
               ("RoPE ↔ complex gate (linear attention + RoPE)", ("transformer", "rope"), ("linear_attn", "rope")),
               ("PaTH ↔ DeltaNet", ("path", "nope"), ("deltanet", "nope")),
-              ("PaTH-FoX ↔ Gated DeltaNet", ("path_fox", "nope"), ("gated_deltanet", "nope"))]
+              ("PaTH-FoX ↔ Gated DeltaNet", ("path_fox", "nope"), ("gated_deltanet", "nope")),
+              # seed 001: both act on the values, a rotation (eq. 2) vs a gated Householder product (eq. 4); kin,
+              # not exact duals (the exact dual of VO-RoPE, linear attention with rotated values, is not built)
+              ("VO-RoPE ↔ gated Oja (value side)", ("transformer", "vo_rope"), ("gated_oja", "nope"))]
 
 
 def record_path(task: str) -> Path:

@@ -15,9 +15,8 @@ MIN_HEAD = 64
 
 
 def pad_heads(q, k, v, w, size: int = MIN_HEAD):
-    """q, k, v, w [B, T, H, D] with D < size: zero-padded to size in the last dimension (else unchanged)."""
-    d = q.shape[-1]
-    return (q, k, v, w) if d >= size else tuple(F.pad(x, (0, size - d)) for x in (q, k, v, w))
+    """q, k, v, w [B, T, H, D]: each zero-padded to `size` in its last dimension where that is smaller."""
+    return tuple(F.pad(x, (0, size - x.shape[-1])) if x.shape[-1] < size else x for x in (q, k, v, w))
 
 
 def path_attention(q, k, v, w, beta, log_gate, scale):
