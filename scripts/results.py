@@ -160,8 +160,9 @@ def cell(rec: dict, backbone: str, pe: str, label: str) -> str:
     if not runs:
         return short_reason(rec, backbone, pe)
     m, sd = mean_sd([100 * r["scores"][label] for r in runs])
-    return f"{m:.1f} (1 seed)" if len(runs) == 1 else f"{m:.1f} ± {sd:.1f}" + ("" if len(runs) == 3 else
-                                                                             f" ({len(runs)} seeds)")
+    if len(runs) == 1:
+        return f"{m:.1f} (1 seed)"
+    return f"{m:.1f} ± {sd:.1f}" + ("" if len(runs) == 3 else f" ({len(runs)} seeds)")
 
 
 def planned(task: str) -> tuple[list[str], list[str]]:
