@@ -87,7 +87,7 @@ def run(cfg) -> dict:
                    dynamic_ncols=True, file=sys.stdout)
         say = lambda step, msg: rt.master and bar.write(f"step {step:6d} | {msg}")  # noqa: E731
         profiler = Profiler(t, out_dir, rt) if t.profile_steps else None
-        guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, start, wandb_id=logger.run_id)
+        guard = NonFiniteGuard(t.nonfinite, rt, model, objective, saver, say, start, logger.run_id, out_dir)
         result, paused, done = {}, False, start
 
         for step in range(start, steps):

@@ -1,9 +1,10 @@
 """The learning rate a results sweep's later seeds train at: the best of the grid that seed 0 ran (docs/results/).
 
-A grid sweep writes each run to `<sweep dir>/<backbone>-<pe>/lr<lr>-s0/`; a finished run leaves task_eval.json there.
-`best_lr` reads those of one pair and returns the lr whose run scored best at the training length (the metric named,
-ties to the lower validation loss), so the choice never looks at the lengths the study extrapolates to. The seeds
-sweep reads it through the config: `optim.lr: ${best_lr:val_acc}` (common/cli.py registers the resolver).
+A grid sweep writes each run to `<sweep dir>/<backbone>-<pe>/lr<lr>-s0/`; a finished run leaves task_eval.json there,
+a diverged one nonfinite.json (trainer/guard.py: train.nonfinite=stop ended it). `best_lr` reads those of one pair and
+returns the lr whose run scored best at the training length (the metric named, ties to the lower validation loss; a
+diverged lr ranks below every finished one), so the choice never looks at the lengths the study extrapolates to.
+The seeds sweep reads it through the config: `optim.lr: ${best_lr:val_acc}` (common/cli.py registers the resolver).
 """
 
 from __future__ import annotations
@@ -26,21 +27,28 @@ def grid_of(sweep_dir: Path) -> set[float]:
 
 
 def grid_runs(pair_dir: Path) -> tuple[dict[float, dict], list[Path]]:
-    """{lr: task_eval.json} of the pair's finished seed-0 grid runs, and the grid folders with no result yet."""
+    """{lr: task_eval.json, or {"status": "diverged", **nonfinite.json}} of the pair's seed-0 grid runs that are over,
+    and the grid folders with no outcome yet."""
     done, missing = {}, []
     for run in sorted(pair_dir.glob("lr*-s0")):
         path = run / "task_eval.json"
         if path.is_file():
             rec = json.loads(path.read_text())
             done[float(rec["config"]["optim"]["lr"])] = rec
+        elif (run / "nonfinite.json").is_file():
+            done[lr_of(run.name)] = {"status": "diverged", **json.loads((run / "nonfinite.json").read_text())}
         else:
             missing.append(run)
     return done, missing
 
 
-def choose(done: dict[float, dict], metric: str = "val_acc") -> float:
-    """The lr of the best run: the highest `metric`, then the lowest val_loss."""
-    return max(done, key=lambda lr: (done[lr].get(metric) or 0.0, -(done[lr].get("val_loss") or float("inf"))))
+def choose(done: dict[float, dict], metric: str = "val_acc") -> float | None:
+    """The lr of the best run: the highest `metric`, then the lowest val_loss; runs with status "diverged" rank
+    last, and None when every one did."""
+    ok = {lr: r for lr, r in done.items() if r.get("status") != "diverged"}
+    if not ok:
+        return None
+    return max(ok, key=lambda lr: (ok[lr].get(metric) or 0.0, -(ok[lr].get("val_loss") or float("inf"))))
 
 
 def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc") -> float:
@@ -53,4 +61,9 @@ def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc") -> float:
             f"its grid lacks lr {', '.join(f'{x:g}' for x in absent)} (run by other pairs)"
         raise ConfigError(f"best_lr: {pair} in {sweep_dir}: {what}; run (or finish) the grid sweep first, the same "
                           "command without _seeds")
-    return choose(done, metric)
+    lr = choose(done, metric)
+    if lr is None:
+        raise ConfigError(f"best_lr: {pair} in {sweep_dir}: its run diverged at every lr of the grid "
+                          f"({', '.join(f'{x:g}' for x in sorted(done))}; nonfinite.json in each); no lr to train "
+                          "seeds at")
+    return lr

@@ -88,24 +88,31 @@ def collect_runs(sweep: Path, task: str) -> dict:
             entry.update(status="finished", lr=float(r["config"]["optim"]["lr"]), step=r["step"], tokens=r["tokens"],
                          val_loss=r["val_loss"], val_acc=r.get("val_acc"),
                          scores={label: get(r) for label, get in TASKS[task]["points"]})
+            if "curve_family" in r:  # retrieval since 2026-11-29 evening: each family's share right at each length
+                entry["families"] = r["curve_family"]
+        elif (run / "nonfinite.json").is_file():  # train.nonfinite=stop ended it: an outcome (trainer/guard.py)
+            nf = json.loads((run / "nonfinite.json").read_text())
+            entry.update(status="diverged", step=nf["step"],
+                         reason=f"step {nf['step']:,}: loss {nf['loss']:.4g}, gradient norm {nf['grad_norm']:.4g}")
         else:
             entry["status"], entry["reason"] = reason_of(run / "job.log")
-            if m["lr"]:
-                entry["lr"] = float(m["lr"])
+        if m["lr"] and "lr" not in entry:
+            entry["lr"] = float(m["lr"])
         runs[f"{pair}/{name}"] = entry
     return runs
 
 
 def chosen_lrs(runs: dict, metric: str) -> dict:
     """Each pair's learning rate for seeds 1 and 2: common/grid.py's choice over its seed-0 grid runs, once every lr
-    of the grid (each lr any pair's grid run names) has finished for it."""
+    of the grid (each lr any pair's grid run names) has finished or diverged for it (none where all diverged)."""
     from duality.common.grid import choose
     grid = {r["lr"] for r in runs.values() if r["stage"] == "grid" and "lr" in r}
     grids: dict[str, dict] = {}
     for key, r in runs.items():
-        if r["stage"] == "grid" and r["status"] == "finished":
+        if r["stage"] == "grid" and r["status"] in ("finished", "diverged"):
             grids.setdefault(key.split("/")[0], {})[r["lr"]] = r
-    return {pair: choose(done, metric) for pair, done in sorted(grids.items()) if set(done) == grid}
+    chosen = {pair: choose(done, metric) for pair, done in sorted(grids.items()) if set(done) == grid}
+    return {pair: lr for pair, lr in chosen.items() if lr is not None}
 
 
 def collect(task: str, sweep: Path, meta: dict) -> dict:
@@ -145,6 +152,9 @@ def short_reason(rec: dict, backbone: str, pe: str) -> str:
     others = [r for k, r in rec["runs"].items() if k.startswith(pair + "/")]
     if not others:
         return "not run"
+    grid = {r["lr"] for r in rec["runs"].values() if r["stage"] == "grid" and "lr" in r}
+    if grid and {r["lr"] for r in others if r["stage"] == "grid" and r["status"] == "diverged"} == grid:
+        return "diverged at every lr"
     for status in ("refused", "failed", "unfinished"):
         hit = next((r for r in others if r["status"] == status), None)
         if hit:
@@ -160,9 +170,12 @@ def cell(rec: dict, backbone: str, pe: str, label: str) -> str:
     if not runs:
         return short_reason(rec, backbone, pe)
     m, sd = mean_sd([100 * r["scores"][label] for r in runs])
+    diverged = sum(k.startswith(f"{backbone}-{pe}/") and r["stage"] == "seeds" and r["status"] == "diverged"
+                   for k, r in rec["runs"].items())
+    also = f", {diverged} diverged" if diverged else ""
     if len(runs) == 1:
-        return f"{m:.1f} (1 seed)"
-    return f"{m:.1f} ± {sd:.1f}" + ("" if len(runs) == 3 else f" ({len(runs)} seeds)")
+        return f"{m:.1f} (1 seed{also})"
+    return f"{m:.1f} ± {sd:.1f}" + ("" if len(runs) == 3 else f" ({len(runs)} seeds{also})")
 
 
 def planned(task: str) -> tuple[list[str], list[str]]:
@@ -186,12 +199,18 @@ def table(task: str) -> str:
                 "| backbone | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
         out += [f"| {b} | " + " | ".join(cell(rec, b, s, label) for s in schemes) + " |" for b in backbones]
         out.append("")
+    out += family_table(rec, backbones, schemes)
     lrs = rec.get("chosen_lr", {})
     grid = sorted({r["lr"] for r in rec["runs"].values() if r["stage"] == "grid" and "lr" in r})
     out += [f"Learning rate of each cell (the best of {', '.join(f'{x:g}' for x in grid)} on seed 0, by accuracy at "
             "the training length):", "", "| backbone | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
     out += [f"| {b} | " + " | ".join(f"{lrs[f'{b}-{s}']:g}" if f"{b}-{s}" in lrs else "—" for s in schemes) + " |"
             for b in backbones]
+    diverged = [f"{k.split('/')[0]} at {r['lr']:g} ({r['reason']})" for k, r in rec["runs"].items()
+                if r["status"] == "diverged" and r["stage"] == "grid"]
+    if diverged:
+        out += ["", "Diverged grid runs (`train.nonfinite=stop` ended them; each counts as its pair's worst lr): "
+                + "; ".join(diverged) + "."]
     s = rec["sessions"]
     runs = "; ".join(f"{x['date']}, {x['device']}: {x['finished']} runs finished over {x['pairs'] - x['refused']} "
                      f"pairs, {x['refused']} pairs refused by the model ({x['command']}; commit {x['commit']})"
@@ -199,6 +218,27 @@ def table(task: str) -> str:
     out += ["", f"Runs: {runs}. Software: {s[-1]['software']}. Record: docs/results/{task}.json (every run's scores, "
             "and the reason of each that did not finish)."]
     return "\n".join(out)
+
+
+def family_table(rec: dict, backbones: list[str], schemes: list[str]) -> list[str]:
+    """Retrieval's families apart (task_eval.json's curve_family), at the first two lengths: a row per pair whose
+    cell's runs recorded them (runs before 2026-11-29's evening did not), the mean over those runs."""
+    runs = {(b, p): [r for r in cell_runs(rec, b, p) if "families" in r] for b in backbones for p in schemes}
+    runs = {pair: rs for pair, rs in runs.items() if rs}
+    if not runs:
+        return []
+    families = list(next(iter(runs.values()))[0]["families"])
+    lengths = sorted({int(n) for rs in runs.values() for r in rs for f in families for n in r["families"][f]})[:2]
+
+    def share(rs, f, n):
+        vals = [r["families"][f][str(n)] for r in rs if str(n) in r["families"][f]]
+        return f"{100 * statistics.fmean(vals):.0f}" if vals else "—"
+    out = [f"**{rec['title']} by family**, % right at {' / '.join(map(str, lengths))} tokens, mean over the cell's "
+           "runs that recorded it (runs), at the cell's lr", "",
+           "| pair | runs | " + " | ".join(families) + " |", "|---|---:|" + "---:|" * len(families)]
+    out += [f"| {b} + {p} | {len(rs)} | " + " | ".join(" / ".join(share(rs, f, n) for n in lengths) for f in families)
+            + " |" for (b, p), rs in runs.items()]
+    return out + [""]
 
 
 STRONG = ["transformer", "fox", "path", "path_fox", "sympow", "deltanet", "gated_deltanet", "gated_oja"]

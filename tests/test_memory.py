@@ -2,6 +2,7 @@
 through torch.compile's autograd); the non-finite guard catches a NaN before the optimizer step, names the step and
 the module that went bad, and stops with the last good state or skips the step."""
 
+import json
 import re
 
 import pytest
@@ -208,6 +209,10 @@ def test_nonfinite_stop_checkpoints_the_last_good_state_and_names_the_module(tmp
         train_lib.run(compose(cfg))
     ck = torch.load(tmp_path / "checkpoints" / "step_0000004.pt", weights_only=False)
     assert ck["step"] == 4 and all(torch.isfinite(v).all() for v in ck["model"].values())
+    nf = json.loads((tmp_path / "nonfinite.json").read_text())  # what a sweep's launcher and grid read
+    assert (nf["step"], nf["where"]) == (5, "first non-finite output: blocks.1.mlp (SwiGLU) in block 1 of 2, "
+                                            "micro-batch 0") and nf["loss"] != nf["loss"]
+    assert nf["message"].startswith("step 5: loss nan, gradient norm nan (first non-finite")
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_0000004.pt"
     assert [r["step"] for r in metrics_rows(tmp_path) if "loss" in r] == [1, 2, 3, 4]  # the bad step is not logged
     # the state it kept is the one an unpoisoned run has after 4 steps

@@ -53,6 +53,26 @@ def test_the_best_lr_is_the_grids_best_at_the_training_length_ties_to_the_lower_
         best_lr(tmp_path, "fox-nope")
 
 
+def _diverged(root, pair, name, step=1331):
+    run = root / pair / name
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "nonfinite.json").write_text(json.dumps({"step": step, "loss": 3.069, "grad_norm": float("inf"),
+                                                    "where": "the forward and this rank's gradients are finite",
+                                                    "message": f"step {step}: ..."}))
+
+
+def test_a_diverged_grid_run_ranks_last_and_a_pair_diverged_at_every_lr_has_none(tmp_path):
+    """A run train.nonfinite=stop ended leaves nonfinite.json (trainer/guard.py): an outcome of the grid, the
+    worst lr, not a run still to finish."""
+    _grid_run(tmp_path, "path-nope", 0.001, 0.10, 2.0)
+    _diverged(tmp_path, "path-nope", "lr0.003-s0")
+    assert best_lr(tmp_path, "path-nope") == 0.001
+    _diverged(tmp_path, "gla-rope", "lr0.001-s0")
+    _diverged(tmp_path, "gla-rope", "lr0.003-s0")
+    with pytest.raises(ConfigError, match=r"gla-rope in .*: its run diverged at every lr of the grid \(0.001, 0.003;"):
+        best_lr(tmp_path, "gla-rope")
+
+
 def _finished(sweep, pair, name, lr, acc):
     run = sweep / pair / name
     run.mkdir(parents=True, exist_ok=True)
@@ -92,6 +112,30 @@ def test_a_record_collected_over_sessions_chooses_no_lr_before_a_pairs_grid_is_w
     assert results.cell(rec, "fox", "rope", "at 128 (trained)") == "grid not finished"
 
 
+def test_a_record_says_which_runs_diverged_and_chooses_around_them(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    sweep = tmp_path / "mqar"
+    _finished(sweep, "path-nope", "lr0.001-s0", 0.001, 0.5)
+    _diverged(sweep, "path-nope", "lr0.01-s0")
+    _finished(sweep, "path-nope", "best-s1", 0.001, 0.7)
+    _diverged(sweep, "path-nope", "best-s2", step=40)
+    _diverged(sweep, "gla-rope", "lr0.001-s0")
+    _diverged(sweep, "gla-rope", "lr0.01-s0")
+    rec = results.collect("mqar", sweep, {"date": "d", "device": "x", "software": "s", "command": "c", "commit": "k"})
+    assert rec["chosen_lr"] == {"path-nope": 0.001}
+    assert rec["runs"]["path-nope/lr0.01-s0"] | {"lr": 0} == {
+        "backbone": "path", "pe": "nope", "seed": 0, "stage": "grid", "status": "diverged", "step": 1331, "lr": 0,
+        "reason": "step 1,331: loss 3.069, gradient norm inf"}
+    assert rec["sessions"][-1]["finished"] == 2  # diverged runs are not counted as finished
+    assert results.cell(rec, "path", "nope", "at 128 (trained)") == "60.0 ± 14.1 (2 seeds, 1 diverged)"
+    assert results.cell(rec, "gla", "rope", "at 128 (trained)") == "diverged at every lr"
+    assert "Diverged grid runs (`train.nonfinite=stop` ended them; each counts as its pair's worst lr): gla-rope at " \
+        "0.001 (step 1,331: loss 3.069, gradient norm inf); gla-rope at 0.01 (step 1,331: loss 3.069, gradient norm " \
+        "inf); path-nope at 0.01 (step 1,331: loss 3.069, gradient norm inf)." in results.table("mqar")
+
+
 @pytest.mark.slow
 def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains_seeds_at_the_best_lr(
         tmp_path, monkeypatch):
@@ -112,10 +156,14 @@ def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains
               for lr in ("0.001", "0.01")}
     assert all(set(s["curve"]) == {"128", "512"} for s in scores.values())  # scored at 1x and 4x the length
 
-    # the same command again: the finished runs are passed over, not retrained
+    # the same command again: the finished runs are passed over, not retrained, and so is a run that diverged
+    _diverged(sweep, "gla-alibi", "lr0.001-s0")  # as trainer/guard.py leaves it (tests/test_memory.py)
     r = _sweep(sweep, "sweep=results_mqar", *pairs, "optim.lr=1e-3,1e-2")
-    again = _rows(sweep)[len(rows):]
-    assert sorted(x["status"] for x in again if x["overrides"][0] == "backbone=transformer") == ["DONE_BEFORE"] * 2
+    again = {(x["overrides"][0], next(o for o in x["overrides"] if o.startswith("optim.lr="))): x["status"]
+             for x in _rows(sweep)[len(rows):]}
+    assert again == {("backbone=transformer", "optim.lr=0.001"): "DONE_BEFORE",
+                     ("backbone=transformer", "optim.lr=0.01"): "DONE_BEFORE",
+                     ("backbone=gla", "optim.lr=0.001"): "DONE_BEFORE", ("backbone=gla", "optim.lr=0.01"): "FAILED"}
 
     # seed 1 at the grid's best lr; the refused pair's seed fails naming the grid it lacks
     r = _sweep(sweep, "sweep=results_mqar_seeds", *pairs, "seed=1")
@@ -172,6 +220,37 @@ def test_a_sweeps_start_by_lets_the_running_job_finish_and_starts_no_more(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_sweeps_finish_by_passes_over_a_job_expected_to_end_past_it_and_starts_the_next(tmp_path):
+    """hydra.launcher.finish_by (a lease's end): GLA took 5,000 s before (launcher.jsonl), so with 600 s left its job
+    is not started, and the transformer's (2 s before), next in the queue, runs."""
+    sweep = tmp_path / "fit"
+    sweep.mkdir()
+    before = [{"job": 0, "overrides": ["backbone=gla", "pe=nope"], "status": "COMPLETED", "wall_s": 5000.0},
+              {"job": 1, "overrides": ["backbone=transformer", "pe=rope"], "status": "COMPLETED", "wall_s": 2.0}]
+    (sweep / "launcher.jsonl").write_text("".join(json.dumps(x) + "\n" for x in before))
+    r = _sweep(sweep, "sweep=results_mqar", "backbone=gla,transformer", "pe=nope", "optim.lr=1e-3",
+               "hydra.launcher.per_gpu=1", "hydra.launcher.finish_by=600")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {x["overrides"][0]: x["status"] for x in _rows(sweep)[2:]} == {"backbone=gla": "NOT_STARTED",
+                                                                           "backbone=transformer": "COMPLETED"}
+    assert not (sweep / "gla-nope").exists() and (sweep / "transformer-nope" / "lr0.001-s0" / "task_eval.json").exists()
+
+
+def test_a_jobs_expected_length_is_the_longest_completed_of_its_backbone_else_of_any(tmp_path):
+    from hydra_plugins.duality_launcher.gpus import Lengths
+    jsonl = tmp_path / "launcher.jsonl"
+    assert Lengths(jsonl).expected(["backbone=gla"]) is None  # nothing to go by: the job starts
+    rows = [("gla", "COMPLETED", 100.0), ("gla", "COMPLETED", 300.0), ("gla", "FAILED", 900.0),
+            ("path", "PAUSED", 1000.0), ("transformer", "COMPLETED", 50.0), ("path", "DONE_BEFORE", 0.0)]
+    jsonl.write_text("".join(json.dumps({"overrides": [f"backbone={b}", "seed=0"], "status": s, "wall_s": w}) + "\n"
+                             for b, s, w in rows))
+    lengths = Lengths(jsonl)
+    assert [lengths.expected([f"backbone={b}", "seed=1"]) for b in ("gla", "transformer", "path")] == [300, 50, 300]
+    lengths.add(["backbone=path"], 1050.0)
+    assert lengths.expected(["backbone=path"]) == 1050 and lengths.expected(["backbone=sympow"]) == 1050
+
+
+@pytest.mark.slow
 def test_the_seeds_sweep_run_as_one_run_says_what_to_do(tmp_path):
     """Without -m there is no grid to read the lr from: one line that says to run it as a sweep, not a traceback
     (nor a run at the lr of whatever outputs/results the current folder holds)."""
@@ -180,6 +259,30 @@ def test_the_seeds_sweep_run_as_one_run_says_what_to_do(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: optim.lr=${best_lr:...} is a results sweep's seeds' learning rate, read from its grid's runs: run it "
         "as a sweep (python train.py -m sweep=results_<task>_seeds), or give optim.lr"], r.stderr[-2000:]
+
+
+def test_retrievals_families_are_a_table_of_the_runs_that_recorded_them(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    sweep = tmp_path / "retrieval"
+
+    def finished(pair, name, acc, families=None):
+        run = sweep / pair / name
+        run.mkdir(parents=True)
+        r = {"config": {"optim": {"lr": 0.001}}, "step": 10, "tokens": 100, "val_loss": 1 - acc, "val_acc": acc,
+             "curve": {str(n): acc for n in (512, 2048, 8192, 32768)}}
+        (run / "task_eval.json").write_text(json.dumps(r | ({"curve_family": families} if families else {})))
+    finished("deltanet-nope", "lr0.001-s0", 0.8, {"passkey": {"512": 1.0, "2048": 1.0},
+                                                  "niah_multikey": {"512": 0.5, "2048": 0.25}})
+    finished("deltanet-nope", "best-s1", 0.9, {"passkey": {"512": 1.0, "2048": 0.5},
+                                               "niah_multikey": {"512": 0.0, "2048": 0.25}})
+    finished("deltanet-nope", "best-s2", 0.9)  # a run from before the families were recorded
+    finished("transformer-nope", "lr0.001-s0", 0.6)
+    results.collect("retrieval", sweep, {"date": "d", "device": "x", "software": "s", "command": "c", "commit": "k"})
+    table = results.table("retrieval")
+    assert "| pair | runs | passkey | niah_multikey |" in table
+    assert "| deltanet + nope | 2 | 100 / 75 | 25 / 25 |" in table and "| transformer + nope |" not in table
 
 
 def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_has_none(tmp_path, monkeypatch):

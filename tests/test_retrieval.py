@@ -160,6 +160,37 @@ def test_data_retrieval_scores_the_answer_only(run):
     assert task.evals[0].inputs.shape == (4, 256) and task.evals[0].exact
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("val_acc" in m for m in metrics)
+    result = json.loads((run / "task_eval.json").read_text())  # each family's share right, beside the whole curve
+    assert list(result["curve_family"]) == list(R.FAMILIES) and set(result["curve_family"]["passkey"]) == {"192"}
+
+
+def test_data_retrieval_scores_each_family_apart():
+    """Each evaluation example knows its family (its prompt says which), and the task evaluation scores the families
+    apart: a model right on exactly the passkey examples scores 1 on passkey, 0 on the others, and overall the
+    passkey examples' share (the numbers a results cell's 2/3 is made of)."""
+    from duality.data import tasks
+    task = R.build({"name": "retrieval", "train_examples": 4, "test_examples": 40, "eval_lengths": [256, 384]})
+    for s in task.evals:
+        assert s.families == R.FAMILIES and len(s.family) == 40
+        for row, f in zip(s.inputs, s.family):
+            text = SYMBOLS.decode(row.tolist())
+            assert ("pass key" in text) == (R.FAMILIES[f] == "passkey")
+            assert ("are all" in text) == (R.FAMILIES[f] in ("niah_multivalue", "niah_multiquery"))
+    vocab = len(task.symbols)
+
+    class PasskeyOracle(torch.nn.Module):  # the targets of a passkey row, token 0 everywhere else
+        def forward(self, x):
+            s = next(s for s in task.evals if s.inputs.shape[1] == x.shape[1])
+            rows = [next(i for i, r in enumerate(s.inputs) if np.array_equal(r, xr)) for xr in x.numpy()]
+            y = torch.from_numpy(s.targets[rows].astype(np.int64)).clamp(min=0)
+            y[torch.tensor([R.FAMILIES[s.family[i]] != "passkey" for i in rows])] = 0
+            return torch.nn.functional.one_hot(y, vocab).float(), None
+
+    m = tasks.evaluate(PasskeyOracle(), task, micro_batch=7, device="cpu")
+    for s in task.evals:
+        share = float(np.mean([R.FAMILIES[f] == "passkey" for f in s.family]))
+        assert 0 < share < 1 and m["curve"][s.length] == pytest.approx(share)
+    assert m["curve_family"] == {f: {256: float(f == "passkey"), 384: float(f == "passkey")} for f in R.FAMILIES}
 
 
 def test_mode_retrieval_writes_the_record_figures_and_table(run, tmp_path, capsys):

@@ -1,7 +1,8 @@
 """The non-finite guard: every step's loss and gradient norm are checked before the optimizer step, so a NaN or inf
 never reaches the weights or the optimizer state.
 
-    train.nonfinite=stop   checkpoint the last good state (the weights before this step), then stop with an error
+    train.nonfinite=stop   checkpoint the last good state (the weights before this step), write nonfinite.json in the
+                           run's folder (the step, its loss and gradient norm, where, the message), stop with an error
     train.nonfinite=skip   drop this step's gradients, leave weights and optimizer state as they were (the data and
                            the learning-rate schedule move on), count it (`nonfinite_skipped` in the logs), go on
 
@@ -17,11 +18,14 @@ train_step without a guard.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import torch
 
 from duality.common.errors import NonFinite
+from duality.common.io import write_atomic
 
 MODES = ("stop", "skip")
 
@@ -79,10 +83,13 @@ class NonFiniteGuard:
     """train_step's `guard`: says whether the step may be taken; on a non-finite step it diagnoses, then stops
     (raising NonFinite after checkpointing the last good state) or skips."""
 
-    def __init__(self, mode: str, rt, model, objective, saver, say, start: int, wandb_id: str | None = None):
-        """start: the step this process began at (its state is already on disk, or the initial model)."""
+    def __init__(self, mode: str, rt, model, objective, saver, say, start: int, wandb_id: str | None = None,
+                 out_dir: Path | None = None):
+        """start: the step this process began at (its state is already on disk, or the initial model); out_dir: where
+        a stop leaves nonfinite.json (a sweep's launcher and the results grid read it: a diverged run is an outcome,
+        not a job to run again)."""
         self.mode, self.rt, self.model, self.objective = mode, rt, model, objective
-        self.saver, self.say, self.start, self.wandb_id = saver, say, start, wandb_id
+        self.saver, self.say, self.start, self.wandb_id, self.out_dir = saver, say, start, wandb_id, out_dir
 
     def __call__(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """step: the 0-based index of the step about to be taken (the state holds `step` steps)."""
@@ -97,11 +104,16 @@ class NonFiniteGuard:
             return False
         if step > self.start:  # the weights before this step: the last good state
             self.saver.save(step, wandb_id=self.wandb_id)
-        raise NonFinite(f"{what}; the weights were not updated. The last good state is "
-                        f"{self.saver.last_good or 'the initial model'}"
-                        + (" (resume=auto continues from it)" if self.saver.last_good else "")
-                        + "; train.nonfinite=skip skips such steps; a lower optim.lr, longer optim.warmup or "
-                        "optim.grad_clip may help")
+        message = (f"{what}; the weights were not updated. The last good state is "
+                   f"{self.saver.last_good or 'the initial model'}"
+                   + (" (resume=auto continues from it)" if self.saver.last_good else "")
+                   + "; train.nonfinite=skip skips such steps; a lower optim.lr, longer optim.warmup or "
+                   "optim.grad_clip may help")
+        if self.out_dir is not None and rt.master:
+            write_atomic(Path(self.out_dir) / "nonfinite.json", json.dumps(
+                {"step": step + 1, "loss": loss.item(), "grad_norm": grad_norm.item(), "where": where,
+                 "message": message}, indent=1))
+        raise NonFinite(message)
 
     def diagnose(self, step: int) -> str:
         """Where it went bad, from every rank: the first non-finite forward output of this step's micro-batches, else

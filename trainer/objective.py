@@ -169,7 +169,8 @@ class Task(Objective):
             return
         task = self.task
         summary = {"task": task.name, "train_len": task.train_len, "unit": task.unit, "step": result["step"],
-                   **{k: result[k] for k in (*tasks.SCORES, "curve", "curve_seq", "curve_char") if k in result},
+                   **{k: result[k] for k in (*tasks.SCORES, "curve", "curve_seq", "curve_char", "curve_family")
+                      if k in result},
                    "tokens": result["tokens"], "config": run_cfg}
         write_atomic(out_dir / "task_eval.json", json.dumps(summary, indent=1))
         plot = out_dir / "accuracy_vs_length.png"

@@ -37,6 +37,8 @@ class EvalSet:
     per_position: bool = False  # state tracking: position first + t - 1 is the prefix of length t, one point each
     first: int = 0  # per_position: tokens before the first scored position (a <bos>)
     exact: bool = False  # copying: an example is right only if every scored token is
+    family: np.ndarray | None = None  # exact sets: each example's index into `families`, scored apart as well
+    families: tuple[str, ...] = ()  # (retrieval: passkey, niah_single, ...; evaluate's curve_family)
 
 
 @dataclass
@@ -142,7 +144,8 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
     curve_seq {L: share of sequences right at every position up to L}, val_seq_acc (L = train_len) and
     val_seq_acc_extrap (L = the longest evaluated). Exact sets (copying; curve: strings right) also give the
     seed's code's character accuracy: curve_char {L: share of the copied letters right, <eos> not counted},
-    val_char_acc and val_char_acc_extrap."""
+    val_char_acc and val_char_acc_extrap. Exact sets whose examples name a family (retrieval) give curve_family
+    {family: {L: share right}} too."""
     was_training = model.training
     model.eval()
     autocast = autocast or nullcontext()
@@ -152,6 +155,8 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
     tally = torch.zeros(len(points), 3, dtype=torch.float64, device=device)  # [right, total, sequences right so far]
     chars = torch.zeros(len(points), 2, dtype=torch.float64, device=device)  # exact sets: [letters right, letters]
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of token losses, scored tokens]
+    families = list(dict.fromkeys(f for s in task.evals for f in s.families))
+    by_family = torch.zeros(len(points), max(1, len(families)), 2, dtype=torch.float64, device=device)  # [right, n]
     for s in task.evals:
         rows = max(1, min(micro_batch, EVAL_TOKENS // s.inputs.shape[1]))
         for b in rank_batches(len(s.inputs), rank, world, rows):
@@ -181,6 +186,10 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
                 tally[col[s.length], :2] += torch.stack([ok.sum(), torch.tensor(len(b), device=device)]).double()
                 letters = mask & (mask.cumsum(1) < mask.sum(1, keepdim=True))  # every scored token but the last
                 chars[col[s.length]] += torch.stack([(right & letters).sum(), letters.sum()]).double()
+                if s.family is not None:
+                    fam = torch.tensor([families.index(s.families[i]) for i in s.family[b]], device=device)
+                    by_family[col[s.length], :, 0].index_add_(0, fam, ok.double())
+                    by_family[col[s.length], :, 1].index_add_(0, fam, torch.ones_like(fam, dtype=torch.float64))
             else:
                 tally[col[s.length], :2] += torch.stack([right.sum(), mask.sum()]).double()
     if world > 1:
@@ -188,9 +197,10 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
         dist.all_reduce(tally)
         dist.all_reduce(loss_sum)
         dist.all_reduce(chars)
+        dist.all_reduce(by_family)
     if was_training:
         model.train()
-    tally, loss_sum, chars = tally.cpu().numpy(), loss_sum.cpu().numpy(), chars.cpu().numpy()
+    tally, loss_sum, chars, by_family = (t.cpu().numpy() for t in (tally, loss_sum, chars, by_family))
     keep = tally[:, 1] > 0
     curve = {p: float(tally[i, 0] / tally[i, 1]) for i, p in enumerate(points) if keep[i]}
     lengths = np.array(points)
@@ -210,6 +220,9 @@ def evaluate(model, task: TaskData, micro_batch: int, device, autocast=None, ran
         for key, where in (("val_char_acc", inside), ("val_char_acc_extrap", outside)):
             if (chars[where, 1] > 0).any():
                 out[key] = float(chars[where, 0].sum() / chars[where, 1].sum())
+    if families:
+        out["curve_family"] = {f: {p: float(by_family[i, j, 0] / by_family[i, j, 1]) for i, p in enumerate(points)
+                                   if by_family[i, j, 1] > 0} for j, f in enumerate(families)}
     out["curve"] = curve
     return out
 

@@ -255,7 +255,8 @@ def make_example(family: str, length: int, depth: float, rng: np.random.Generato
 # ------------------------------------------------------------------------------------------ data=retrieval
 def build(cfg: dict) -> TaskData:
     """data=retrieval: examples of the chosen families in `noise` at seq_len tokens (prompt + answer), a loss on
-    the answer's tokens only; evaluation sets at eval_lengths, an example right when every answer token is."""
+    the answer's tokens only; evaluation sets at eval_lengths, an example right when every answer token is, scored
+    per family as well (task_eval.json's curve_family)."""
     o = _defaults(**options(cfg, _defaults, "retrieval"))
     bad = [f for f in o["tasks"] if f not in FAMILIES]
     if bad or not o["tasks"]:
@@ -270,14 +271,16 @@ def build(cfg: dict) -> TaskData:
         rng = np.random.default_rng(seed)
         x = np.zeros((n, T), dtype=np.int64)
         y = np.full((n, T), -1, dtype=np.int64)
+        fam = np.zeros(n, dtype=np.int64)  # each example's family, an index into o["tasks"]
         for r in range(n):
-            family = o["tasks"][int(rng.integers(len(o["tasks"])))]
+            fam[r] = int(rng.integers(len(o["tasks"])))
+            family = o["tasks"][int(fam[r])]
             ex = make_example(family, T - A, float(rng.random()), rng, enc, o["haystack"], digits=o["digits"],
                               text=False)
             seq = np.concatenate([ex.ids, ex.answer_ids])
             x[r, :len(seq) - 1] = seq[:-1]
             y[r, len(ex.ids) - 1:len(seq) - 1] = ex.answer_ids
-        return compact(x), compact(y)
+        return compact(x), compact(y), fam
 
     A = 4 * (o["digits"] + 1) + 2  # the longest answer (4 values) fits in every example
     for T in [o["seq_len"], *o["eval_lengths"]]:
@@ -287,9 +290,11 @@ def build(cfg: dict) -> TaskData:
                              text=False)
             except ConfigError as e:
                 raise ConfigError(f"data=retrieval: length {T} is too short: {e}") from None
-    x, y = make(o["train_examples"], o["seq_len"], [o["seed"], 0])
-    evals = [EvalSet(*make(o["test_examples"], T, [o["seed"], 1, T]), length=T, exact=True)
-             for T in (o["eval_lengths"] or [o["seq_len"]])]
+    x, y, _ = make(o["train_examples"], o["seq_len"], [o["seed"], 0])
+    evals = []
+    for T in o["eval_lengths"] or [o["seq_len"]]:
+        ex, ey, fam = make(o["test_examples"], T, [o["seed"], 1, T])
+        evals.append(EvalSet(ex, ey, length=T, exact=True, family=fam, families=tuple(o["tasks"])))
     return TaskData("retrieval", Examples(x, y, seed=o["seed"]), evals, symbols=names, train_len=o["seq_len"],
                     seq_len=o["seq_len"], info={"tasks": list(o["tasks"]), "haystack": o["haystack"]})
 

@@ -11,11 +11,14 @@ one GPU, and a GPU takes its next job when one of its own ends, so jobs of unequ
 job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` says which GPU ran which job, when, and
 how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
 still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more;
-with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file a finished job leaves in
-its folder, e.g. task_eval.json) passes over the jobs already done. `start_by` (seconds after the launch) starts no
-job after it and lets the running ones finish: the end of a lease, where a paused job's checkpoint would be lost with
-the machine. Each job is Hydra's own multirun job (its
-folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. The job is handed over with
+with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file, or a list of files, a
+job that is over leaves in its folder: task_eval.json, and nonfinite.json where it diverged) passes over those jobs.
+`start_by` (seconds after the launch) starts no job after it and lets the running ones finish: the end of a lease,
+where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch) starts a job
+only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl, the
+longest completed job of the same backbone (else of any backbone; a job with nothing to go by starts), so a lease's
+last minutes still run the short jobs and no long one is started to be lost. Each job is Hydra's own multirun job
+(its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. The job is handed over with
 cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a
 closure.
 """
@@ -47,7 +50,8 @@ log = logging.getLogger(__name__)
 
 class GPUsLauncher(Launcher):
     def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1, deadline: float | None = None,
-                 skip_done: str | None = None, start_by: float | None = None) -> None:
+                 skip_done: str | Sequence[str] | None = None, start_by: float | None = None,
+                 finish_by: float | None = None) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
         if deadline is not None and float(deadline) <= 0:
@@ -55,8 +59,12 @@ class GPUsLauncher(Launcher):
         if start_by is not None and float(start_by) <= 0:
             raise ValueError(f"hydra.launcher.start_by={start_by}: seconds after the launch, > 0 (null: none)")
         self.gpus, self.per_gpu = (None if gpus is None else [_gpu(g) for g in gpus]), int(per_gpu)
-        self.deadline, self.skip_done = (None if deadline is None else float(deadline)), skip_done
+        self.deadline = None if deadline is None else float(deadline)
+        self.skip_done = [] if skip_done is None else [skip_done] if isinstance(skip_done, str) else list(skip_done)
+        if finish_by is not None and float(finish_by) <= 0:
+            raise ValueError(f"hydra.launcher.finish_by={finish_by}: seconds after the launch, > 0 (null: none)")
         self.start_by = None if start_by is None else float(start_by)
+        self.finish_by = None if finish_by is None else float(finish_by)
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -93,6 +101,8 @@ class GPUsLauncher(Launcher):
         now = time.time()
         end = None if self.deadline is None else now + self.deadline
         last_start = min(end or float("inf"), float("inf") if self.start_by is None else now + self.start_by)
+        finish_at = None if self.finish_by is None else now + self.finish_by
+        lengths = Lengths(sweep_dir / "launcher.jsonl")
         # the job imports this module by name: where it is found only from its folder (the repo on PYTHONPATH, not
         # installed), that folder goes on the job's path
         here = str(Path(__file__).resolve().parents[2])
@@ -102,6 +112,8 @@ class GPUsLauncher(Launcher):
 
         def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
             ended.setdefault(status, []).append(job_dir)
+            if status == "COMPLETED":
+                lengths.add(overrides, time.time() - start)
             with open(sweep_dir / "launcher.jsonl", "a") as f:
                 f.write(json.dumps({"job": idx, "gpu": gpu, "overrides": overrides, "start": round(start, 3),
                                     "wall_s": round(time.time() - start, 3), "status": status,
@@ -113,11 +125,16 @@ class GPUsLauncher(Launcher):
                     idx, overrides, cfg, job_dir, payload = todo.get_nowait()
                 except queue.Empty:
                     return
-                done = self.skip_done and (job_dir / self.skip_done).exists()
-                if done or time.time() >= last_start:
+                done = any((job_dir / name).exists() for name in self.skip_done)
+                with lock:
+                    expected = lengths.expected(overrides)
+                late = finish_at is not None and expected is not None and time.time() + expected > finish_at
+                if done or late or time.time() >= last_start:
                     payload.unlink(missing_ok=True)
-                    with lock:  # passed over: done before, or no time left to start (the next launch runs it)
-                        results[idx] = _passed_over(cfg, job_dir, "done" if done else "no time to start")
+                    why = "done" if done else f"expected to take {expected:.0f} s, past finish_by" if late else \
+                        "no time to start"
+                    with lock:  # passed over: done before, or no time left to start or finish (the next launch)
+                        results[idx] = _passed_over(cfg, job_dir, why)
                         note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
                     continue
                 job_dir.mkdir(parents=True, exist_ok=True)
@@ -149,6 +166,30 @@ class GPUsLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         log.info(summary(ended, sweep_dir))
         return [results[i] for i in sorted(results)]
+
+
+class Lengths:
+    """How long a job is expected to take: the longest COMPLETED job of its backbone in launcher.jsonl (this launch's
+    and earlier ones'), else the longest of any; None before any job completed. (The backbone sets a run's cost in
+    this repo's sweeps; its lr and seed hardly do.)"""
+
+    def __init__(self, jsonl: Path):
+        self.longest: dict[str | None, float] = {}
+        rows = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()] if jsonl.is_file() else []
+        for row in rows:
+            if row.get("status") == "COMPLETED":
+                self.add(row["overrides"], row["wall_s"])
+
+    @staticmethod
+    def kind(overrides: Sequence[str]) -> str | None:
+        return next((o.partition("=")[2] for o in overrides if o.startswith("backbone=")), None)
+
+    def add(self, overrides: Sequence[str], seconds: float) -> None:
+        k = self.kind(overrides)
+        self.longest[k] = max(self.longest.get(k, 0.0), seconds)
+
+    def expected(self, overrides: Sequence[str]) -> float | None:
+        return self.longest.get(self.kind(overrides), max(self.longest.values(), default=None))
 
 
 def summary(ended: dict[str, list], sweep_dir: Path) -> str:
