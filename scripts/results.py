@@ -2,6 +2,7 @@
 
     python scripts/results.py collect mqar outputs/results/mqar --device "NVIDIA H200" --software "torch 2.11, ..."
     python scripts/results.py plot mqar          # docs/results/mqar.png from docs/results/mqar.json
+    python scripts/results.py compare mqar /tmp/rerun   # a sweep run again (same layout) against the record
 
 `collect` reads each run folder of a `sweep=results_<task>` / `results_<task>_seeds` sweep (`<backbone>-<pe>/lr<lr>-s0`
 for the grid, `<backbone>-<pe>/best-s<seed>` for the seeds) into the task's record, docs/results/<task>.json: the
@@ -326,6 +327,23 @@ def plot(task: str, out: Path | None = None) -> Path:
     return out
 
 
+def compare(task: str, sweep: Path) -> list[dict]:
+    """A rerun's finished runs (the same folder layout, e.g. a sweep command run again from a clean checkout) against
+    the record's runs of the same name: a row per run and reported point, in % (the difference: rerun - record)."""
+    rec = load(task)
+    if rec is None:
+        raise SystemExit(f"no record {record_path(task)} to compare with")
+    rows = []
+    for key, r in collect_runs(sweep, task).items():
+        old = rec["runs"].get(key)
+        if r["status"] != "finished" or old is None or old["status"] != "finished":
+            continue
+        for label in r["scores"]:
+            a, b = 100 * old["scores"][label], 100 * r["scores"][label]
+            rows.append({"run": key, "point": label, "record": a, "rerun": b, "diff": b - a})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -340,8 +358,26 @@ def main(argv=None) -> int:
     p = sub.add_parser("plot", help="docs/results/<task>.png from its record")
     p.add_argument("task", choices=list(TASKS))
     p.add_argument("--out", type=Path)
+    k = sub.add_parser("compare", help="a rerun's runs against the record's runs of the same name")
+    k.add_argument("task", choices=list(TASKS))
+    k.add_argument("sweep", type=Path)
+    k.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args(argv)
-    if a.cmd == "collect":
+    if a.cmd == "compare":
+        rows = compare(a.task, a.sweep)
+        if not rows:
+            raise SystemExit(f"{a.sweep}: no finished run that the record also has")
+        for x in rows:
+            print(f"{x['run']:40s} {x['point']:18s} record {x['record']:6.1f}  rerun {x['rerun']:6.1f}  "
+                  f"{x['diff']:+6.1f}")
+        worst = max(rows, key=lambda x: abs(x["diff"]))
+        n = len({x["run"] for x in rows})
+        print(f"{n} run{'s' * (n != 1)} compared; largest difference {worst['diff']:+.1f} points "
+              f"({worst['run']}, {worst['point']}); mean |difference| "
+              f"{statistics.fmean(abs(x['diff']) for x in rows):.2f}")
+        if a.json:
+            a.json.write_text(json.dumps(rows, indent=1) + "\n")
+    elif a.cmd == "collect":
         rec = collect(a.task, a.sweep, {"date": a.date, "device": a.device, "software": a.software,
                                         "command": a.command, "commit": a.commit})
         print(f"{record_path(a.task)}: {len(rec['runs'])} runs, {len(rec['chosen_lr'])} pairs with a chosen lr")

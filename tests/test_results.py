@@ -261,6 +261,25 @@ def test_the_seeds_sweep_run_as_one_run_says_what_to_do(tmp_path):
         "as a sweep (python train.py -m sweep=results_<task>_seeds), or give optim.lr"], r.stderr[-2000:]
 
 
+def test_a_rerun_is_compared_run_by_run_with_the_record(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    first, again = tmp_path / "first", tmp_path / "again"
+    _finished(first, "gla-rope", "lr0.001-s0", 0.001, 0.50)
+    _finished(first, "gla-rope", "lr0.01-s0", 0.01, 0.90)
+    results.collect("mqar", first, {"date": "d", "device": "x", "software": "s", "command": "c", "commit": "k"})
+    _finished(again, "gla-rope", "lr0.001-s0", 0.001, 0.52)
+    _finished(again, "fox-rope", "lr0.001-s0", 0.001, 0.7)  # not in the record: not compared
+    assert results.main(["compare", "mqar", str(again), "--json", str(tmp_path / "cmp.json")]) == 0
+    rows = json.loads((tmp_path / "cmp.json").read_text())
+    assert [(x["run"], x["point"]) for x in rows] == [("gla-rope/lr0.001-s0", "at 128 (trained)"),
+                                                      ("gla-rope/lr0.001-s0", "at 512 (4x)")]
+    assert [round(x["diff"], 6) for x in rows] == [2.0, 1.0]  # 52 - 50; 26 - 25
+    assert "1 run compared; largest difference +2.0 points (gla-rope/lr0.001-s0, at 128 (trained))" in \
+        capsys.readouterr().out
+
+
 def test_retrievals_families_are_a_table_of_the_runs_that_recorded_them(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     import results
