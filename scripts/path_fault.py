@@ -34,6 +34,16 @@ CASES = [(256, 129, 12, 32, False, False, False),   # PaTH at the S2 shape
          (256, 129, 12, 32, True, False, True)]     # PaTH-FoX likewise
 
 
+def outcome(returncode: int, output: str) -> str:
+    """A case's outcome from its process: its "ok" line, else the last line that names an error (a CUDA fault's
+    traceback ends in advice such as "Search for `cudaErrorIllegalAddress' ..."), else the exit code and last line."""
+    lines = output.strip().splitlines()
+    if returncode == 0 and lines and lines[-1].startswith("ok"):
+        return lines[-1]  # "ok", or "ok, but a gradient is not finite"
+    last = f"exit {returncode}" + (f" after: {lines[-1]}" if lines else "")
+    return next((x for x in reversed(lines) if re.match(r"[\w.]*(Error|Exception)\b", x)), last)
+
+
 def child(b: int, t: int, h: int, d: int, gate: bool, stages1: bool, repo: bool, untuned: bool) -> None:
     import torch
     import torch.nn.functional as F
@@ -84,12 +94,7 @@ def main(argv=None) -> int:
         cmd += ["--gate"] * gate + ["--stages1"] * stages1 + ["--repo"] * repo + ["--untuned"] * a.untuned
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            lines = (r.stdout + r.stderr).strip().splitlines()
-            if r.returncode == 0 and lines and lines[-1].startswith("ok"):
-                said = lines[-1]  # "ok", or "ok, but a gradient is not finite"
-            else:
-                last = lines[-1] if lines else f"exit {r.returncode}"
-                said = next((x for x in reversed(lines) if re.match(r"[\w.]*(Error|Exception)\b", x)), last)
+            said = outcome(r.returncode, r.stdout + r.stderr)
         except subprocess.TimeoutExpired:
             said = "timed out after 600 s"
         case = {"B": b, "T": t, "H": h, "D": d, "gate": gate, "num_stages_1": stages1, "repo": repo,

@@ -60,3 +60,21 @@ def test_heads_padded_with_zeros_give_the_same_attention_and_gradients():
     for a, b in zip(grads, grads_padded):
         torch.testing.assert_close(b, a)
     assert pad_heads(q, k, v, w, size=D)[0] is q   # wide enough: unchanged
+
+
+def test_path_fault_reads_a_cases_outcome_from_its_process_output():
+    """scripts/path_fault.py (the upstream reproduction, a GPU script): a fault's outcome is the last line that names
+    an error, not CUDA's advice after it (the first record took that line); a clean case is its "ok" line."""
+    import sys
+
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import path_fault
+    fault = ("Traceback (most recent call last):\n  File \"path_fault.py\", line 70, in child\n"
+             "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+             "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/ for more information.\n")
+    assert path_fault.outcome(1, fault) == fault.splitlines()[2]  # torch.AcceleratorError: CUDA error: an illegal ...
+    assert path_fault.outcome(0, "compiling\nok\n") == "ok"
+    assert path_fault.outcome(0, "ok, but a gradient is not finite") == "ok, but a gradient is not finite"
+    assert path_fault.outcome(1, "ok\n") == "exit 1 after: ok"  # a failed exit is never read as "ok"
+    assert path_fault.outcome(-11, "") == "exit -11"  # killed with nothing printed (a segfault)
