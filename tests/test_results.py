@@ -71,6 +71,10 @@ def test_a_diverged_grid_run_ranks_last_and_a_pair_diverged_at_every_lr_has_none
     _diverged(tmp_path, "gla-rope", "lr0.003-s0")
     with pytest.raises(ConfigError, match=r"gla-rope in .*: its run diverged at every lr of the grid \(0.001, 0.003;"):
         best_lr(tmp_path, "gla-rope")
+    # one of them resumed by hand (train.nonfinite=skip) to the end: its result counts, the old nonfinite.json not
+    (tmp_path / "gla-rope" / "lr0.003-s0" / "task_eval.json").write_text(json.dumps(
+        {"config": {"optim": {"lr": 0.003}}, "val_acc": 0.2, "val_loss": 1.5}))
+    assert best_lr(tmp_path, "gla-rope") == 0.003
 
 
 def _finished(sweep, pair, name, lr, acc):
