@@ -26,19 +26,28 @@ def grid_of(sweep_dir: Path) -> set[float]:
     return {lr_of(p.name) for p in Path(sweep_dir).glob("*-*/lr*-s0") if p.is_dir()}
 
 
+def outcome(run: Path) -> dict | None:
+    """A run folder's outcome: its task_eval.json (finished; it wins over an older nonfinite.json, e.g. resumed with
+    train.nonfinite=skip), else {"status": "diverged", **nonfinite.json}, else None (not over: still to run, stopped,
+    or failed; its job.log says which)."""
+    if (run / "task_eval.json").is_file():
+        return json.loads((run / "task_eval.json").read_text())
+    if (run / "nonfinite.json").is_file():
+        return {"status": "diverged", **json.loads((run / "nonfinite.json").read_text())}
+    return None
+
+
 def grid_runs(pair_dir: Path) -> tuple[dict[float, dict], list[Path]]:
-    """{lr: task_eval.json, or {"status": "diverged", **nonfinite.json}} of the pair's seed-0 grid runs that are over,
-    and the grid folders with no outcome yet."""
+    """{lr: outcome} of the pair's seed-0 grid runs that are over, and the grid folders with no outcome yet."""
     done, missing = {}, []
     for run in sorted(pair_dir.glob("lr*-s0")):
-        path = run / "task_eval.json"
-        if path.is_file():
-            rec = json.loads(path.read_text())
-            done[float(rec["config"]["optim"]["lr"])] = rec
-        elif (run / "nonfinite.json").is_file():
-            done[lr_of(run.name)] = {"status": "diverged", **json.loads((run / "nonfinite.json").read_text())}
-        else:
+        rec = outcome(run)
+        if rec is None:
             missing.append(run)
+        elif rec.get("status") == "diverged":
+            done[lr_of(run.name)] = rec
+        else:
+            done[float(rec["config"]["optim"]["lr"])] = rec
     return done, missing
 
 

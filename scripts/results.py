@@ -21,6 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from duality.common.grid import choose, outcome
 from hydra_plugins.duality_launcher.gpus import error_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,31 +84,33 @@ def collect_runs(sweep: Path, task: str) -> dict:
         if not m:
             continue
         entry = {"backbone": backbone, "pe": pe, "seed": int(m["seed"]), "stage": "grid" if m["lr"] else "seeds"}
-        result = run / "task_eval.json"
-        if result.is_file():
-            r = json.loads(result.read_text())
+        r = outcome(run)
+        if r is None:
+            entry["status"], entry["reason"] = reason_of(run / "job.log")
+        elif r.get("status") == "diverged":  # train.nonfinite=stop ended it: an outcome (trainer/guard.py)
+            entry.update(status="diverged", step=r["step"],
+                         reason=f"step {r['step']:,}: loss {r['loss']:.4g}, gradient norm {r['grad_norm']:.4g}")
+        else:
             entry.update(status="finished", lr=float(r["config"]["optim"]["lr"]), step=r["step"], tokens=r["tokens"],
                          val_loss=r["val_loss"], val_acc=r.get("val_acc"),
                          scores={label: get(r) for label, get in TASKS[task]["points"]})
             if "curve_family" in r:  # retrieval since 2026-11-29 evening: each family's share right at each length
                 entry["families"] = r["curve_family"]
-        elif (run / "nonfinite.json").is_file():  # train.nonfinite=stop ended it: an outcome (trainer/guard.py)
-            nf = json.loads((run / "nonfinite.json").read_text())
-            entry.update(status="diverged", step=nf["step"],
-                         reason=f"step {nf['step']:,}: loss {nf['loss']:.4g}, gradient norm {nf['grad_norm']:.4g}")
-        else:
-            entry["status"], entry["reason"] = reason_of(run / "job.log")
         if m["lr"] and "lr" not in entry:
             entry["lr"] = float(m["lr"])
         runs[f"{pair}/{name}"] = entry
     return runs
 
 
+def grid_lrs(runs: dict) -> set[float]:
+    """The grid: every lr a seed-0 grid run of any pair names (common/grid.grid_of, on the record)."""
+    return {r["lr"] for r in runs.values() if r["stage"] == "grid" and "lr" in r}
+
+
 def chosen_lrs(runs: dict, metric: str) -> dict:
     """Each pair's learning rate for seeds 1 and 2: common/grid.py's choice over its seed-0 grid runs, once every lr
     of the grid (each lr any pair's grid run names) has finished or diverged for it (none where all diverged)."""
-    from duality.common.grid import choose
-    grid = {r["lr"] for r in runs.values() if r["stage"] == "grid" and "lr" in r}
+    grid = grid_lrs(runs)
     grids: dict[str, dict] = {}
     for key, r in runs.items():
         if r["stage"] == "grid" and r["status"] in ("finished", "diverged"):
@@ -153,7 +156,7 @@ def short_reason(rec: dict, backbone: str, pe: str) -> str:
     others = [r for k, r in rec["runs"].items() if k.startswith(pair + "/")]
     if not others:
         return "not run"
-    grid = {r["lr"] for r in rec["runs"].values() if r["stage"] == "grid" and "lr" in r}
+    grid = grid_lrs(rec["runs"])
     if grid and {r["lr"] for r in others if r["stage"] == "grid" and r["status"] == "diverged"} == grid:
         return "diverged at every lr"
     for status in ("refused", "failed", "unfinished"):
@@ -202,7 +205,7 @@ def table(task: str) -> str:
         out.append("")
     out += family_table(rec, backbones, schemes)
     lrs = rec.get("chosen_lr", {})
-    grid = sorted({r["lr"] for r in rec["runs"].values() if r["stage"] == "grid" and "lr" in r})
+    grid = sorted(grid_lrs(rec["runs"]))
     out += [f"Learning rate of each cell (the best of {', '.join(f'{x:g}' for x in grid)} on seed 0, by accuracy at "
             "the training length):", "", "| backbone | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
     out += [f"| {b} | " + " | ".join(f"{lrs[f'{b}-{s}']:g}" if f"{b}-{s}" in lrs else "—" for s in schemes) + " |"

@@ -58,13 +58,13 @@ class GPUsLauncher(Launcher):
             raise ValueError(f"hydra.launcher.deadline={deadline}: seconds after the launch, > 0 (null: none)")
         if start_by is not None and float(start_by) <= 0:
             raise ValueError(f"hydra.launcher.start_by={start_by}: seconds after the launch, > 0 (null: none)")
-        self.gpus, self.per_gpu = (None if gpus is None else [_gpu(g) for g in gpus]), int(per_gpu)
-        self.deadline = None if deadline is None else float(deadline)
-        self.skip_done = [] if skip_done is None else [skip_done] if isinstance(skip_done, str) else list(skip_done)
         if finish_by is not None and float(finish_by) <= 0:
             raise ValueError(f"hydra.launcher.finish_by={finish_by}: seconds after the launch, > 0 (null: none)")
+        self.gpus, self.per_gpu = (None if gpus is None else [_gpu(g) for g in gpus]), int(per_gpu)
+        self.deadline = None if deadline is None else float(deadline)
         self.start_by = None if start_by is None else float(start_by)
         self.finish_by = None if finish_by is None else float(finish_by)
+        self.skip_done = [] if skip_done is None else [skip_done] if isinstance(skip_done, str) else list(skip_done)
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
