@@ -167,10 +167,12 @@ def test_out_dir_removed_mid_run_stops_with_one_line(tmp_path, cache, how):
     while time.time() < deadline and not (out / "metrics.jsonl").exists():
         time.sleep(0.05)
     time.sleep(0.5)
+    p.send_signal(signal.SIGSTOP)  # frozen while the folder goes, so "replaced" is never seen half done as "removed"
     shutil.rmtree(out)
     if how == "replaced":
         out.mkdir()
         (out / "metrics.jsonl").write_text("")
+    p.send_signal(signal.SIGCONT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 2 and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith(f"error: {out} was {how} while this run was writing to it")
