@@ -3,13 +3,15 @@
     python scripts/results.py collect mqar outputs/results/mqar --device "NVIDIA H200" --software "torch 2.11, ..."
     python scripts/results.py plot mqar          # docs/results/mqar.png from docs/results/mqar.json
     python scripts/results.py compare mqar /tmp/rerun   # a sweep run again (same layout) against the record
+    python scripts/results.py compare mqar /tmp/rerun --record --device ... --date ... --command ... --commit ...
 
 `collect` reads each run folder of a `sweep=results_<task>` / `results_<task>_seeds` sweep (`<backbone>-<pe>/lr<lr>-s0`
 for the grid, `<backbone>-<pe>/best-s<seed>` for the seeds) into the task's record, docs/results/<task>.json: the
 scores of every finished run, the reason of every run that did not finish (a pair the model refuses, a fault), and the
 learning rate each pair's later seeds train at (common/grid.py chooses it, as the seeds sweep did). Runs of another
 session stay in the record; a run collected again replaces its entry. report.py draws the page's tables from the
-records (blocks results_<task> and results_duality) and this file's `plot` the heatmaps.
+records (blocks results_<task> and results_duality) and this file's `plot` the heatmaps. `compare --record` keeps a
+rerun's comparison in docs/results/<task>_rerun.json, which the page's block results_rerun reads.
 """
 
 from __future__ import annotations
@@ -332,7 +334,8 @@ def plot(task: str, out: Path | None = None) -> Path:
 
 def compare(task: str, sweep: Path) -> list[dict]:
     """A rerun's finished runs (the same folder layout, e.g. a sweep command run again from a clean checkout) against
-    the record's runs of the same name: a row per run and reported point, in % (the difference: rerun - record)."""
+    the record's runs of the same name: a row per run and reported point, in % (the difference: rerun - record), with
+    the run's validation losses (the record's, the rerun's)."""
     rec = load(task)
     if rec is None:
         raise SystemExit(f"no record {record_path(task)} to compare with")
@@ -343,8 +346,36 @@ def compare(task: str, sweep: Path) -> list[dict]:
             continue
         for label in r["scores"]:
             a, b = 100 * old["scores"][label], 100 * r["scores"][label]
-            rows.append({"run": key, "point": label, "record": a, "rerun": b, "diff": b - a})
+            rows.append({"run": key, "point": label, "record": a, "rerun": b, "diff": b - a,
+                         "val_loss": [old["val_loss"], r["val_loss"]]})
     return rows
+
+
+def rerun_path(task: str) -> Path:
+    return RECORDS / f"{task}_rerun.json"
+
+
+def rerun_summary() -> str:
+    """The page's rerun check: a line per task whose sweep was run again and compared (`compare --record`)."""
+    lines = []
+    for task in TASKS:
+        if not rerun_path(task).is_file():
+            continue
+        r = json.loads(rerun_path(task).read_text())
+        rows = r["rows"]
+        runs = sorted({x["run"] for x in rows})
+        pairs = sorted({x.split("/")[0] for x in runs})
+        worst = max(rows, key=lambda x: abs(x["diff"]))
+        gaps = {x["run"]: abs(x["val_loss"][1] - x["val_loss"][0]) for x in rows}
+        recorded = sorted({s["commit"] for s in load(task)["sessions"]})
+        lines.append(
+            f"- {TASKS[task]['title']}, {r['date']}, {r['device']}, a clean checkout of {r['commit']}: "
+            f"`{r['command']}`, {len(runs)} runs ({len(pairs)} pairs: {', '.join(pairs)}) against the record's "
+            f"(code {', '.join(recorded)}): largest difference {worst['diff']:+.1f} points ({worst['run']}, "
+            f"{worst['point']}), mean |difference| {statistics.fmean(abs(x['diff']) for x in rows):.2f}; "
+            f"validation loss bit for bit equal in {sum(g == 0 for g in gaps.values())} of {len(runs)} runs, "
+            f"the largest gap {max(gaps.values()):.1g}.")
+    return "\n".join(lines) or "- Not run yet."
 
 
 def main(argv=None) -> int:
@@ -365,8 +396,15 @@ def main(argv=None) -> int:
     k.add_argument("task", choices=list(TASKS))
     k.add_argument("sweep", type=Path)
     k.add_argument("--json", type=Path, help="also write the rows here")
+    k.add_argument("--record", action="store_true", help="keep the comparison in docs/results/<task>_rerun.json "
+                   "(the page's rerun check), with --device, --date, --command (as run) and --commit (the checkout's)")
+    for flag in ("--device", "--date", "--command", "--commit"):
+        k.add_argument(flag)
     a = ap.parse_args(argv)
     if a.cmd == "compare":
+        meta = {f: getattr(a, f) for f in ("date", "device", "command", "commit")}
+        if a.record and None in meta.values():
+            raise SystemExit("compare --record needs " + ", ".join(f"--{f}" for f, v in meta.items() if v is None))
         rows = compare(a.task, a.sweep)
         if not rows:
             raise SystemExit(f"{a.sweep}: no finished run that the record also has")
@@ -380,6 +418,9 @@ def main(argv=None) -> int:
               f"{statistics.fmean(abs(x['diff']) for x in rows):.2f}")
         if a.json:
             a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        if a.record:
+            rerun_path(a.task).write_text(json.dumps({"task": a.task, **meta, "rows": rows}, indent=1) + "\n")
+            print(f"wrote {rerun_path(a.task)}")
     elif a.cmd == "collect":
         rec = collect(a.task, a.sweep, {"date": a.date, "device": a.device, "software": a.software,
                                         "command": a.command, "commit": a.commit})

@@ -6,6 +6,7 @@ with MQAR at a size that trains in seconds."""
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
@@ -240,6 +241,32 @@ def test_a_sweeps_finish_by_passes_over_a_job_expected_to_end_past_it_and_starts
     assert not (sweep / "gla-nope").exists() and (sweep / "transformer-nope" / "lr0.001-s0" / "task_eval.json").exists()
 
 
+@pytest.mark.slow
+def test_two_launches_into_one_sweep_folder_at_once_each_run_their_own_jobs(tmp_path):
+    """A task's grid and seeds side by side (a GPU each) launch into one sweep folder: a launch's jobs get their own
+    configs, never the other launch's, and none loses its own (each launch keeps its payloads apart)."""
+    sweep = tmp_path / "both"
+    both = ["sweep=results_mqar", "backbone=transformer", "pe=nope", "hydra.launcher.per_gpu=1",
+            "hydra.sweep.subdir=lr${optim.lr}-e${train.epochs}"]
+    first = subprocess.Popen([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep}", *both,
+                              "optim.lr=1e-3", "train.epochs=20,1"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        while not (sweep / "lr0.001-e20" / "job.log").exists():  # its second job waits, its payload written
+            assert first.poll() is None, first.stdout.read()[-2000:]
+            time.sleep(0.2)
+        second = _sweep(sweep, *both, "optim.lr=3e-3", "train.epochs=1,2")
+        out, _ = first.communicate(timeout=600)
+    finally:
+        first.kill()
+    assert first.returncode == 0 and second.returncode == 0, out[-2000:] + second.stderr[-2000:]
+    assert (sweep / "lr0.001-e20" / "task_eval.json").exists(), "the first launch's running job was overtaken"
+    for lr, epochs in ((0.001, 1), (0.003, 1), (0.003, 2)):
+        run = json.loads((sweep / f"lr{lr}-e{epochs}" / "task_eval.json").read_text())["config"]
+        assert (run["optim"]["lr"], run["train"]["epochs"]) == (lr, epochs)
+    assert sorted(x["status"] for x in _rows(sweep)) == ["COMPLETED"] * 4
+
+
 def test_a_jobs_expected_length_is_the_longest_completed_of_its_backbone_else_of_any(tmp_path):
     from hydra_plugins.duality_launcher.gpus import Lengths
     jsonl = tmp_path / "launcher.jsonl"
@@ -282,6 +309,28 @@ def test_a_rerun_is_compared_run_by_run_with_the_record(tmp_path, monkeypatch, c
     assert [round(x["diff"], 6) for x in rows] == [2.0, 1.0]  # 52 - 50; 26 - 25
     assert "1 run compared; largest difference +2.0 points (gla-rope/lr0.001-s0, at 128 (trained))" in \
         capsys.readouterr().out
+
+
+def test_a_recorded_rerun_is_the_pages_rerun_line(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    first, again = tmp_path / "first", tmp_path / "again"
+    for sweep, acc in ((first, 0.50), (again, 0.50)):
+        _finished(sweep, "gla-rope", "lr0.001-s0", 0.001, acc)
+        _finished(sweep, "gla-nope", "lr0.001-s0", 0.001, acc + 0.1)
+    results.collect("mqar", first, {"date": "d", "device": "x", "software": "s", "command": "c", "commit": "k0"})
+    assert results.rerun_summary() == "- Not run yet."
+    with pytest.raises(SystemExit, match="compare --record needs --device, --commit"):
+        results.main(["compare", "mqar", str(again), "--record", "--date", "2026-11-29", "--command", "c"])
+    assert not results.rerun_path("mqar").exists()
+    assert results.main(["compare", "mqar", str(again), "--record", "--date", "2026-11-29", "--device", "H200",
+                         "--command", "python train.py -m sweep=results_mqar", "--commit", "k1"]) == 0
+    assert results.rerun_summary() == (
+        "- MQAR (128, 8), 2026-11-29, H200, a clean checkout of k1: `python train.py -m sweep=results_mqar`, 2 runs "
+        "(2 pairs: gla-nope, gla-rope) against the record's (code k0): largest difference +0.0 points "
+        "(gla-nope/lr0.001-s0, at 128 (trained)), mean |difference| 0.00; validation loss bit for bit equal in 2 of "
+        "2 runs, the largest gap 0.")
 
 
 def test_retrievals_families_are_a_table_of_the_runs_that_recorded_them(tmp_path, monkeypatch):

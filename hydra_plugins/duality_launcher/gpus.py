@@ -32,6 +32,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -76,7 +77,10 @@ class GPUsLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        (sweep_dir / ".launcher").mkdir(parents=True, exist_ok=True)
+        # this launch's job payloads: a folder of its own, as another launch may share the sweep folder (a task's grid
+        # and seeds side by side), and job numbers start at 0 in each
+        payloads = sweep_dir / ".launcher" / f"{socket.gethostname()}-{os.getpid()}"
+        payloads.mkdir(parents=True, exist_ok=True)
         gpus = self.gpus if self.gpus is not None else visible_gpus()
         # a slot is one job at a time on one GPU (None: no GPU, the jobs share the CPU); a GPU's slots interleave
         slots = [g for _ in range(self.per_gpu) for g in (gpus or [None])]
@@ -93,7 +97,7 @@ class GPUsLauncher(Launcher):
                 cfg.hydra.job.id = idx
                 cfg.hydra.job.num = idx
             job_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-            payload = sweep_dir / ".launcher" / f"{idx}.pkl"
+            payload = payloads / f"{idx}.pkl"
             payload.write_bytes(cloudpickle.dumps((self.hydra_context, self.task_function, cfg, Singleton.get_state())))
             todo.put((idx, list(overrides), cfg, job_dir, payload))
         results: dict[int, JobReturn] = {}
@@ -161,8 +165,9 @@ class GPUsLauncher(Launcher):
             t.start()
         for t in threads:
             t.join()
-        with contextlib.suppress(OSError):  # empty once every job's payload and result were read
-            (sweep_dir / ".launcher").rmdir()
+        for folder in (payloads, payloads.parent):  # empty once every job's payload and result were read
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         log.info(summary(ended, sweep_dir))
         return [results[i] for i in sorted(results)]
