@@ -18,7 +18,9 @@ where a paused job's checkpoint would be lost with the machine. `finish_by` (sec
 only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl, the
 longest completed job of the same backbone (else of any backbone; a job with nothing to go by starts), so a lease's
 last minutes still run the short jobs and no long one is started to be lost. Each job is Hydra's own multirun job
-(its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. The job is handed over with
+(its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any job failed (e.g.
+a pair the model refuses), the launch ends after its summary with one line and exit code 1, not the traceback of
+the first failed job that Hydra's basic sweeper would print. The job is handed over with
 cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a
 closure.
 """
@@ -170,6 +172,11 @@ class GPUsLauncher(Launcher):
                 folder.rmdir()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         log.info(summary(ended, sweep_dir))
+        failed = len(ended.get("FAILED", []))
+        if failed:  # one line and exit 1, where Hydra's sweeper would print the first failed job's traceback
+            print(f"error: {failed} of {len(results)} jobs failed (why: the launch's summary above, and each job's "
+                  "job.log)", file=sys.stderr, flush=True)
+            raise SystemExit(1)
         return [results[i] for i in sorted(results)]
 
 
