@@ -21,6 +21,7 @@ def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, 
     threads = max(1, len(os.sched_getaffinity(0)) // 2)  # the cores shared out over the two jobs at once
     # six jobs on two GPUs, so most wait for a GPU; the three with warmup -1 fail (a bad value, exit code 2)
     r = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=gpus", "hydra.launcher.gpus=[3,5]",
+                        f"hydra.launcher.slots_dir={tmp_path / 'slots'}",
                         "pe=nope,rope,alibi", f"hydra.sweep.dir={sweep}", *args, "optim.warmup=0,-1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     # the launch ends with one line, not the traceback of Hydra's sweeper naming the first failed job

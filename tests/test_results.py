@@ -267,6 +267,37 @@ def test_two_launches_into_one_sweep_folder_at_once_each_run_their_own_jobs(tmp_
     assert sorted(x["status"] for x in _rows(sweep)) == ["COMPLETED"] * 4
 
 
+def test_a_gpus_places_are_shared_by_the_launches_on_the_machine(tmp_path):
+    from hydra_plugins.duality_launcher.gpus import Slot
+    a, b = Slot.take(tmp_path, 3, per_gpu=2), Slot.take(tmp_path, 3, per_gpu=2)
+    assert a and b and Slot.take(tmp_path, 5, per_gpu=2)  # another GPU's places are its own
+    t = time.time()
+    assert Slot.take(tmp_path, 3, per_gpu=2, until=t + 0.5, poll=0.1) is None and time.time() - t >= 0.5  # full
+    assert Slot.take(tmp_path, 3, per_gpu=3, until=t + 1)  # a launch with more places a GPU has a free one
+    b.free()
+    assert Slot.take(tmp_path, 3, per_gpu=2, until=time.time() + 1)  # freed: taken again
+    assert Slot.take(tmp_path, None, per_gpu=1) is None  # the CPU: no places to take
+
+
+@pytest.mark.slow
+def test_two_launches_on_one_gpu_run_per_gpu_jobs_at_once_together(tmp_path):
+    """Two sweeps launched side by side on one GPU with per_gpu=1 run one job at a time between them (before, each
+    ran its own per_gpu: the GPU ran two)."""
+    args = ["sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "hydra.launcher.gpus=[7]",
+            "hydra.launcher.per_gpu=1", f"hydra.launcher.slots_dir={tmp_path / 'slots'}"]
+    first = subprocess.Popen([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={tmp_path / 'a'}", *args,
+                              "optim.lr=1e-3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        second = _sweep(tmp_path / "b", *args, "optim.lr=3e-3")
+        out, _ = first.communicate(timeout=600)
+    finally:
+        first.kill()
+    assert first.returncode == 0 and second.returncode == 0, out[-2000:] + second.stderr[-2000:]
+    jobs = sorted((x["start"], x["start"] + x["wall_s"], x["status"]) for d in "ab" for x in _rows(tmp_path / d))
+    assert [j[2] for j in jobs] == ["COMPLETED"] * 4
+    assert all(later[0] >= earlier[1] for earlier, later in zip(jobs, jobs[1:])), jobs  # one at a time
+
+
 def test_a_jobs_expected_length_is_the_longest_completed_of_its_backbone_else_of_any(tmp_path):
     from hydra_plugins.duality_launcher.gpus import Lengths
     jsonl = tmp_path / "launcher.jsonl"

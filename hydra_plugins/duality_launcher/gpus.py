@@ -7,7 +7,9 @@
 
 Hydra's basic launcher runs the jobs one after another in its own process, on one GPU; the submitit launcher's local
 mode gives every job the same GPUs. Here each job is a process of its own, started with CUDA_VISIBLE_DEVICES set to
-one GPU, and a GPU takes its next job when one of its own ends, so jobs of unequal length keep every GPU busy. A
+one GPU, and a GPU takes its next job when one of its own ends, so jobs of unequal length keep every GPU busy.
+Launches on one machine share each GPU's `per_gpu` places (lock files in `slots_dir`): two sweeps started side by
+side on a GPU fill it together, and neither waits for the other's last job to end. A
 job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` says which GPU ran which job, when, and
 how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
 still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more;
@@ -28,6 +30,7 @@ closure.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -37,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -54,7 +58,7 @@ log = logging.getLogger(__name__)
 class GPUsLauncher(Launcher):
     def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1, deadline: float | None = None,
                  skip_done: str | Sequence[str] | None = None, start_by: float | None = None,
-                 finish_by: float | None = None) -> None:
+                 finish_by: float | None = None, slots_dir: str | None = None) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
         if deadline is not None and float(deadline) <= 0:
@@ -68,6 +72,7 @@ class GPUsLauncher(Launcher):
         self.start_by = None if start_by is None else float(start_by)
         self.finish_by = None if finish_by is None else float(finish_by)
         self.skip_done = [] if skip_done is None else [skip_done] if isinstance(skip_done, str) else list(skip_done)
+        self.slots_dir = Path(slots_dir or Path(tempfile.gettempdir()) / f"duality-gpu-slots-{os.getuid()}")
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -132,10 +137,14 @@ class GPUsLauncher(Launcher):
                 except queue.Empty:
                     return
                 done = any((job_dir / name).exists() for name in self.skip_done)
+                # a slot of the GPU, shared with other launches on this machine (none for a finished job)
+                slot = None if done else Slot.take(self.slots_dir, gpu, self.per_gpu, until=last_start)
                 with lock:
                     expected = lengths.expected(overrides)
                 late = finish_at is not None and expected is not None and time.time() + expected > finish_at
                 if done or late or time.time() >= last_start:
+                    if slot:
+                        slot.free()
                     payload.unlink(missing_ok=True)
                     why = "done" if done else f"expected to take {expected:.0f} s, past finish_by" if late else \
                         "no time to start"
@@ -150,15 +159,19 @@ class GPUsLauncher(Launcher):
                 where = "the CPU" if gpu is None else f"GPU {gpu}"
                 log.info(f"\t#{idx} on {where}: {' '.join(filter_overrides(overrides))} (log: {job_dir / 'job.log'})")
                 start = time.time()
-                with open(job_dir / "job.log", "ab") as out:
-                    proc = subprocess.Popen([sys.executable, "-m", __name__, str(payload)], env=env, stdout=out,
-                                            stderr=subprocess.STDOUT)
-                    rc, stopped = _wait(proc, end)
-                ret = _read_return(payload, rc, cfg, job_dir)
-                with lock:
-                    results[idx] = ret
-                    paused = stopped and ret.status == JobStatus.COMPLETED  # checkpointed at the deadline
-                    note(idx, gpu, overrides, start, "PAUSED" if paused else ret.status.name, rc, job_dir)
+                try:
+                    with open(job_dir / "job.log", "ab") as out:
+                        proc = subprocess.Popen([sys.executable, "-m", __name__, str(payload)], env=env, stdout=out,
+                                                stderr=subprocess.STDOUT)
+                        rc, stopped = _wait(proc, end)
+                    ret = _read_return(payload, rc, cfg, job_dir)
+                    with lock:
+                        results[idx] = ret
+                        paused = stopped and ret.status == JobStatus.COMPLETED  # checkpointed at the deadline
+                        note(idx, gpu, overrides, start, "PAUSED" if paused else ret.status.name, rc, job_dir)
+                finally:  # the place is free once the job's end is on record
+                    if slot:
+                        slot.free()
                 if ret.status != JobStatus.COMPLETED:
                     log.error(f"\t#{idx} on {where} failed (exit {rc}): see {job_dir / 'job.log'}")
 
@@ -178,6 +191,37 @@ class GPUsLauncher(Launcher):
                   "job.log)", file=sys.stderr, flush=True)
             raise SystemExit(1)
         return [results[i] for i in sorted(results)]
+
+
+class Slot:
+    """One of a GPU's `per_gpu` places, shared by every launch on this machine: an exclusive lock (flock) on one of the
+    files <slots_dir>/<gpu>.<k>, k < per_gpu. Two sweeps launched side by side on one GPU (a task's grid and its
+    seeds, or two tasks) so run at most per_gpu jobs on it together, and each takes a place the moment the other
+    frees one: no GPU oversubscribed, none idle while a launch still has jobs. The lock goes with its process, so a
+    killed launch leaves none behind."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    @classmethod
+    def take(cls, slots_dir: Path, gpu, per_gpu: int, until: float = float("inf"), poll: float = 1.0):
+        """A free place on `gpu` (waiting for one), or None: for the CPU (gpu None), or once `until` has passed."""
+        if gpu is None:
+            return None
+        slots_dir.mkdir(parents=True, exist_ok=True)
+        while time.time() < until:
+            for k in range(per_gpu):
+                fd = os.open(slots_dir / f"{gpu}.{k}", os.O_RDWR | os.O_CREAT, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return cls(fd)
+                except BlockingIOError:
+                    os.close(fd)
+            time.sleep(poll)
+        return None
+
+    def free(self) -> None:
+        os.close(self.fd)  # closing the file releases its lock
 
 
 class Lengths:
