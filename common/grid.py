@@ -10,14 +10,25 @@ The seeds sweep reads it through the config: `optim.lr: ${best_lr:val_acc}` (com
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .errors import ConfigError
 
 
-def lr_of(run_name: str) -> float:
+RUN_NAME = re.compile(r"(?:lr(?P<lr>[0-9.eE+-]+)|best)-s(?P<seed>\d+)")
+
+
+def run_name(name: str) -> tuple[float | None, int] | None:
+    """A results sweep's run folder name: lr0.003-s0 -> (0.003, 0) (a grid run), best-s1 -> (None, 1) (a seeds run at
+    the chosen lr); None for any other name."""
+    m = RUN_NAME.fullmatch(name)
+    return None if m is None else (float(m["lr"]) if m["lr"] else None, int(m["seed"]))
+
+
+def lr_of(name: str) -> float:
     """The lr a grid run's folder names: lr0.003-s0 -> 0.003."""
-    return float(run_name.removeprefix("lr").rpartition("-s")[0])
+    return run_name(name)[0]
 
 
 def grid_of(sweep_dir: Path) -> set[float]:

@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from duality.common.grid import choose, outcome
+from duality.common.grid import choose, outcome, run_name
 from hydra_plugins.duality_launcher.gpus import error_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,10 +82,11 @@ def collect_runs(sweep: Path, task: str) -> dict:
         backbone, _, pe = pair.partition("-")
         if backbone not in BACKBONES:  # not a run folder of this layout
             continue
-        m = re.fullmatch(r"(?:lr(?P<lr>[0-9.e-]+)|best)-s(?P<seed>\d+)", name)
-        if not m:
+        parsed = run_name(name)
+        if parsed is None:
             continue
-        entry = {"backbone": backbone, "pe": pe, "seed": int(m["seed"]), "stage": "grid" if m["lr"] else "seeds"}
+        lr, seed = parsed
+        entry = {"backbone": backbone, "pe": pe, "seed": seed, "stage": "grid" if lr is not None else "seeds"}
         r = outcome(run)
         if r is None:
             entry["status"], entry["reason"] = reason_of(run / "job.log")
@@ -98,8 +99,8 @@ def collect_runs(sweep: Path, task: str) -> dict:
                          scores={label: get(r) for label, get in TASKS[task]["points"]})
             if "curve_family" in r:  # retrieval since 2026-11-29 evening: each family's share right at each length
                 entry["families"] = r["curve_family"]
-        if m["lr"] and "lr" not in entry:
-            entry["lr"] = float(m["lr"])
+        if lr is not None and "lr" not in entry:
+            entry["lr"] = lr
         runs[f"{pair}/{name}"] = entry
     return runs
 
