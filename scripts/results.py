@@ -157,8 +157,11 @@ def short_reason(rec: dict, backbone: str, pe: str) -> str:
     """Why a cell has no number, in a few words (the whole reason is in the record)."""
     pair = f"{backbone}-{pe}"
     others = [r for k, r in rec["runs"].items() if k.startswith(pair + "/")]
-    if not others:
-        return "not run"
+    if not others:  # a refusal is the model's (a scheme the backbone cannot use), the same on every task
+        others = [r for task in TASKS if (other := load(task)) for k, r in other["runs"].items()
+                  if k.startswith(pair + "/") and r["status"] == "refused"][:1]
+        if not others:
+            return "not run"
     grid = grid_lrs(rec["runs"])
     if grid and {r["lr"] for r in others if r["stage"] == "grid" and r["status"] == "diverged"} == grid:
         return "diverged at every lr"

@@ -117,6 +117,28 @@ def test_a_record_collected_over_sessions_chooses_no_lr_before_a_pairs_grid_is_w
     assert results.cell(rec, "fox", "rope", "at 128 (trained)") == "grid not finished"
 
 
+def test_a_pair_another_tasks_record_has_refused_is_refused_before_its_own_sweep_reaches_it(tmp_path, monkeypatch):
+    """A refusal is the model's (a scheme the backbone cannot use), the same on every task: a task whose sweep has not
+    asked yet says so from another task's record, and "not run" stays for pairs nobody refused."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    meta = {"date": "d", "device": "x", "software": "s", "command": "c", "commit": "k"}
+    refused = tmp_path / "mqar" / "gla-alibi" / "lr0.001-s0"
+    refused.mkdir(parents=True)
+    (refused / "job.log").write_text("error: pe=alibi is a score scheme, which backbone=gla cannot use (it accepts "
+                                     "none/absolute/rotary schemes)\n")
+    _finished(tmp_path / "mqar", "gla-rope", "lr0.001-s0", 0.001, 0.5)
+    results.collect("mqar", tmp_path / "mqar", meta)
+    run = tmp_path / "s2" / "transformer-rope" / "lr0.001-s0"
+    run.mkdir(parents=True)
+    (run / "task_eval.json").write_text(json.dumps({"config": {"optim": {"lr": 0.001}}, "step": 10, "tokens": 100,
+                                                    "val_loss": 0.5, "val_acc": 0.9, "val_acc_extrap": 0.5}))
+    s2 = results.collect("s2", tmp_path / "s2", meta)
+    assert results.cell(s2, "gla", "alibi", "<= 128 (trained)") == "refused: score scheme"
+    assert results.cell(s2, "gla", "rope", "<= 128 (trained)") == "not run"  # finished elsewhere: not refused
+
+
 def test_a_record_says_which_runs_diverged_and_chooses_around_them(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     import results
