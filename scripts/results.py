@@ -355,6 +355,11 @@ def compare(task: str, sweep: Path) -> list[dict]:
     return rows
 
 
+def spread(rows: list[dict]) -> tuple[dict, float]:
+    """Of compare's rows: the row of the largest |difference|, and the mean |difference| (points)."""
+    return max(rows, key=lambda x: abs(x["diff"])), statistics.fmean(abs(x["diff"]) for x in rows)
+
+
 def rerun_path(task: str) -> Path:
     return RECORDS / f"{task}_rerun.json"
 
@@ -369,14 +374,14 @@ def rerun_summary() -> str:
         rows = r["rows"]
         runs = sorted({x["run"] for x in rows})
         pairs = sorted({x.split("/")[0] for x in runs})
-        worst = max(rows, key=lambda x: abs(x["diff"]))
+        worst, mean = spread(rows)
         gaps = {x["run"]: abs(x["val_loss"][1] - x["val_loss"][0]) for x in rows}
         recorded = sorted({s["commit"] for s in load(task)["sessions"]})
         lines.append(
             f"- {TASKS[task]['title']}, {r['date']}, {r['device']}, a clean checkout of {r['commit']}: "
             f"`{r['command']}`, {len(runs)} runs ({len(pairs)} pairs: {', '.join(pairs)}) against the record's "
             f"(code {', '.join(recorded)}): largest difference {worst['diff']:+.1f} points ({worst['run']}, "
-            f"{worst['point']}), mean |difference| {statistics.fmean(abs(x['diff']) for x in rows):.2f}; "
+            f"{worst['point']}), mean |difference| {mean:.2f}; "
             f"validation loss bit for bit equal in {sum(g == 0 for g in gaps.values())} of {len(runs)} runs, "
             f"the largest gap {max(gaps.values()):.1g}.")
     return "\n".join(lines) or "- Not run yet."
@@ -415,11 +420,10 @@ def main(argv=None) -> int:
         for x in rows:
             print(f"{x['run']:40s} {x['point']:18s} record {x['record']:6.1f}  rerun {x['rerun']:6.1f}  "
                   f"{x['diff']:+6.1f}")
-        worst = max(rows, key=lambda x: abs(x["diff"]))
+        worst, mean = spread(rows)
         n = len({x["run"] for x in rows})
         print(f"{n} run{'s' * (n != 1)} compared; largest difference {worst['diff']:+.1f} points "
-              f"({worst['run']}, {worst['point']}); mean |difference| "
-              f"{statistics.fmean(abs(x['diff']) for x in rows):.2f}")
+              f"({worst['run']}, {worst['point']}); mean |difference| {mean:.2f}")
         if a.json:
             a.json.write_text(json.dumps(rows, indent=1) + "\n")
         if a.record:
