@@ -34,12 +34,15 @@ BACKBONES = ["transformer", "fox", "path", "path_fox", "sympow", "linear_attn", 
 SCHEMES = ["nope", "rope", "selective_rope", "alibi", "t5", "vo_rope"]
 # what each task's table shows: (label, how a run's task_eval.json gives it); accuracies in %
 TASKS = {
-    "mqar": {"title": "MQAR (128, 8)", "metric": "val_acc",
+    "mqar": {"title": "MQAR (128, 8)", "metric": "val_acc", "section": "mqar-128-8-scored-at-1-and-4-the-length",
+             "what": "at (128, 8), scored at 128 and 512",
              "points": [("at 128 (trained)", lambda r: r["curve"]["128"]),
                         ("at 512 (4x)", lambda r: r["curve"]["512"])]},
-    "s2": {"title": "S2 parity", "metric": "val_acc",
+    "s2": {"title": "S2 parity", "metric": "val_acc", "section": "s2-parity",
+           "what": "seed 004's protocol for 2 epochs, scored to 512",
            "points": [("<= 128 (trained)", lambda r: r["val_acc"]), ("129-512", lambda r: r["val_acc_extrap"])]},
     "retrieval": {"title": "Retrieval (trained at 512)", "metric": "val_acc",
+                  "section": "retrieval-trained-at-512-scored-to-32k", "what": "trained at 512, scored to 32k",
                   "points": [(f"at {n} ({x})", lambda r, n=n: r["curve"][str(n)])
                              for n, x in ((512, "trained"), (2048, "4x"), (8192, "16x"), (32768, "64x"))]},
 }
@@ -76,7 +79,7 @@ def reason_of(log: Path) -> tuple[str, str]:
 
 
 def collect_runs(sweep: Path, task: str) -> dict:
-    runs = {}
+    runs, gpu_s = {}, gpu_seconds(sweep)
     for run in sorted(p for p in sweep.glob("*-*/*") if p.is_dir()):
         pair, name = run.parent.name, run.name
         backbone, _, pe = pair.partition("-")
@@ -101,8 +104,34 @@ def collect_runs(sweep: Path, task: str) -> dict:
                 entry["families"] = r["curve_family"]
         if lr is not None and "lr" not in entry:
             entry["lr"] = lr
+        if r is not None and f"{pair}/{name}" in gpu_s:  # what the status table's time left is estimated from
+            entry["gpu_s"] = round(gpu_s[f"{pair}/{name}"], 1)
         runs[f"{pair}/{name}"] = entry
     return runs
+
+
+def gpu_seconds(sweep: Path) -> dict[str, float]:
+    """Each run folder's cost in seconds of a whole GPU, from the launcher's log (launcher.jsonl): the wall time of
+    its jobs (a paused run has several), each over the mean number of jobs the log has on that GPU while it ran
+    (8 side by side for 800 s: 100 s each; a refused job beside it for 10 s hardly counts). A job of another sweep
+    on the GPU is not in this log: it makes the cost larger than it was."""
+    log = sweep / "launcher.jsonl"
+    spans: dict[int, list] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        r = json.loads(line)
+        o = dict(x.split("=", 1) for x in r["overrides"] if "=" in x)
+        if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED") or not {"backbone", "pe"} <= set(o):
+            continue
+        seed = o.get("seed", "0")
+        name = f"lr{float(o['optim.lr'])}-s{seed}" if "optim.lr" in o else f"best-s{seed}"
+        key = f"{o['backbone']}-{o['pe']}/{name}"
+        spans.setdefault(r["gpu"], []).append((r["start"], r["start"] + r["wall_s"], key))
+    cost: dict[str, float] = {}
+    for jobs in spans.values():
+        for a, b, key in jobs:
+            together = sum(max(0.0, min(b, d) - max(a, c)) for c, d, _ in jobs)  # itself included
+            cost[key] = cost.get(key, 0.0) + (b - a) ** 2 / together
+    return cost
 
 
 def grid_lrs(runs: dict) -> set[float]:
@@ -195,6 +224,85 @@ def planned(task: str) -> tuple[list[str], list[str]]:
     params = OmegaConf.load(ROOT / "conf" / "sweep" / f"results_{task}_seeds.yaml").hydra.sweeper.params
     backbones, schemes = str(params.backbone).split(","), str(params.pe).split(",")
     return [b for b in BACKBONES if b in backbones], [s for s in SCHEMES if s in schemes]
+
+
+def planned_grid(task: str) -> list[float]:
+    """The grid's learning rates (conf/sweep/results_<task>.yaml)."""
+    from omegaconf import OmegaConf
+    lrs = OmegaConf.load(ROOT / "conf" / "sweep" / f"results_{task}.yaml").hydra.sweeper.params["optim.lr"]
+    return sorted(float(x) for x in str(lrs).split(","))
+
+
+def accepted(task: str) -> list[str]:
+    """The pairs of the task's sweep that the model builds (the others are refused, on every task)."""
+    from duality.model import valid_schemes
+    backbones, schemes = planned(task)
+    return [f"{b}-{s}" for b in backbones for s in schemes if s in valid_schemes(b)]
+
+
+def run_costs(task: str) -> dict[str, float]:
+    """Each backbone's mean cost of a run (GPU-seconds, `gpu_s`) on the task; a backbone with none yet there: its
+    mean on another task's record, scaled by the two tasks' median ratio over the backbones both have."""
+    def means(t):
+        per: dict[str, list] = {}
+        for r in (load(t) or {"runs": {}})["runs"].values():
+            if "gpu_s" in r:
+                per.setdefault(r["backbone"], []).append(r["gpu_s"])
+        return {b: statistics.fmean(v) for b, v in per.items()}
+    mean = means(task)
+    for other in (t for t in TASKS if t != task):
+        there = means(other)
+        if shared := [b for b in mean if b in there]:
+            scale = statistics.median(mean[b] / there[b] for b in shared)
+            mean |= {b: scale * c for b, c in there.items() if b not in mean}
+    return mean
+
+
+def progress(task: str) -> dict:
+    """How far the task's sweeps are, from its record: grid and seeds runs over (finished, or diverged: outcomes),
+    the cells with all 3 seeds, and the GPU-hours the rest would take at each backbone's mean cost a run so far
+    (run_costs; a backbone with none anywhere: the slowest backbone's)."""
+    rec = load(task) or {"runs": {}, "chosen_lr": {}}
+    pairs, grid = accepted(task), planned_grid(task)
+    over = {k: r for k, r in rec["runs"].items()
+            if k.split("/")[0] in pairs and r["status"] in ("finished", "diverged")}
+    grid_over = {(k.split("/")[0], r["lr"]) for k, r in over.items() if r["stage"] == "grid"}
+    seeds_over = [k for k, r in over.items() if r["stage"] == "seeds"]
+    dead = {p for p in pairs if all((p, lr) in grid_over for lr in grid) and p not in rec["chosen_lr"]}
+    mean = run_costs(task)
+    left = {p: sum((p, lr) not in grid_over for lr in grid)
+            + (0 if p in dead else 2 - sum(k.startswith(p + "/") for k in seeds_over)) for p in pairs}
+    slowest = max(mean.values(), default=0.0)
+    return {"pairs": len(pairs), "refused": len(planned(task)[0]) * len(planned(task)[1]) - len(pairs),
+            "grid": len(grid_over), "grid_of": len(pairs) * len(grid),
+            "diverged": sum(r["status"] == "diverged" for r in over.values()),
+            "seeds": len(seeds_over), "seeds_of": 2 * (len(pairs) - len(dead)), "dead": len(dead),
+            "whole": sum(len(cell_runs(rec, *p.split("-", 1))) == 3 for p in pairs),
+            "runs_left": sum(left.values()),
+            "hours_left": sum(n * mean.get(p.split("-")[0], slowest) for p, n in left.items()) / 3600}
+
+
+# a task the page plans but has not run: why
+NOT_RUN = {"Copying": "**not run**: the issue asks for it if time remains; seed 004's protocol is 536M tokens a run at "
+                      "width 512, several times a retrieval run"}
+
+
+def status_table() -> str:
+    """The page's first table: each task's runs over and the time its sweeps still need, from the records."""
+    last = max((x["date"] for t in TASKS if (rec := load(t)) for x in rec["sessions"]), default="no record yet")
+    out = [f"| task | pairs | grid runs over (seed 0) | seeds runs over | cells with 3 seeds | state ({last}) |",
+           "|---|---|---:|---:|---:|---|"]
+    for task, t in TASKS.items():
+        p = progress(task)
+        (b, s), div = planned(task), f" ({p['diverged']} diverged)" if p["diverged"] else ""
+        state = ("**done**" if not p["runs_left"] else
+                 f"**under way**: {p['runs_left']} runs left, about {p['hours_left']:.1f} hours of one H200 (each "
+                 "backbone's mean cost a run so far)")
+        out.append(f"| [{t['title'].split(' (')[0]}](#{t['section']}), {t['what']} | {len(b)} backbones × {len(s)} "
+                   f"schemes: {p['pairs']} accepted, {p['refused']} refused by the model | {p['grid']} of "
+                   f"{p['grid_of']}{div} | {p['seeds']} of {p['seeds_of']} | {p['whole']} of {p['pairs']} | {state} |")
+    out += [f"| {name} | — | — | — | — | {why} |" for name, why in NOT_RUN.items()]
+    return "\n".join(out)
 
 
 def table(task: str) -> str:

@@ -192,12 +192,13 @@ def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains
                      ("backbone=transformer", "optim.lr=0.01"): "DONE_BEFORE",
                      ("backbone=gla", "optim.lr=0.001"): "DONE_BEFORE", ("backbone=gla", "optim.lr=0.01"): "FAILED"}
 
-    # seed 1 at the grid's best lr; the refused pair's seed fails naming the grid it lacks
+    # seed 1 at the grid's best lr; the refused pair's seed is refused as its grid runs were, not sent to the grid
     r = _sweep(sweep, "sweep=results_mqar_seeds", *pairs, "seed=1")
     best = max(scores, key=lambda lr: (scores[lr]["val_acc"], -scores[lr]["val_loss"]))
     seeded = json.loads((sweep / "transformer-alibi" / "best-s1" / "task_eval.json").read_text())
     assert seeded["config"]["optim"]["lr"] == float(best) and seeded["config"]["seed"] == 1
-    assert "best_lr: gla-alibi in" in (sweep / "gla-alibi" / "best-s1" / "job.log").read_text()
+    log = (sweep / "gla-alibi" / "best-s1" / "job.log").read_text()
+    assert "error: pe=alibi is a score scheme, which backbone=gla cannot use" in log and "best_lr" not in log
 
     # collected: the accepted pair's cell over its 2 seeds, the refused pair's cell says why
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -443,3 +444,78 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
                for x in results.table("mqar").splitlines()) == 3 * 12  # every backbone a row, in each table
     assert results.cell(json.loads((tmp_path / "mqar.json").read_text()), "mamba2", "rope", "at 128 (trained)") == \
         "not run"
+
+
+def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tmp_path, monkeypatch):
+    """launcher.jsonl -> each run's GPU-seconds (the status table's time left): 4 jobs side by side for 800 s cost
+    about 200 each (a refused job's 10 s beside them hardly counts); a job alone its whole wall time; a paused run
+    the sum of its launches; another GPU's jobs, passed-over and not-started rows count for nothing."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    sweep = tmp_path / "s2"
+    sweep.mkdir()
+
+    def row(gpu, backbone, start, wall, status="COMPLETED", lr="0.0005", seed=0):
+        over = [f"backbone={backbone}", "pe=nope", f"seed={seed}"] + ([f"optim.lr={lr}"] if lr else [])
+        return json.dumps({"job": 0, "gpu": gpu, "overrides": over + ["sweep=results_s2"], "start": start,
+                           "wall_s": wall, "status": status, "returncode": 0})
+    rows = [row(0, b, 1000, 800) for b in ("transformer", "fox", "gla", "path")]
+    rows += [row(0, "sympow", 1800, 100),                                             # alone after them
+             row(0, "deltanet", 5000, 100, "PAUSED"), row(0, "deltanet", 6000, 300),  # paused, then resumed
+             row(1, "mamba2", 1000, 800, lr=None, seed=1),                            # GPU 1, a seeds run
+             row(0, "linear_attn", 1100, 10, "FAILED"),                               # refused beside the 4
+             row(0, "retnet", 1000, 0.01, "DONE_BEFORE"), row(0, "retnet", 1000, 0, "NOT_STARTED")]
+    (sweep / "launcher.jsonl").write_text("\n".join(rows) + "\n")
+    assert results.gpu_seconds(sweep) == pytest.approx({  # 800 s over 4 jobs, and a fifth for 10 of them: 199.4 s
+        **{f"{b}-nope/lr0.0005-s0": 800 ** 2 / (4 * 800 + 10) for b in ("transformer", "fox", "gla", "path")},
+        "linear_attn-nope/lr0.0005-s0": 10 / 5,
+        "sympow-nope/lr0.0005-s0": 100, "deltanet-nope/lr0.0005-s0": 400, "mamba2-nope/best-s1": 800})
+    # collected: a finished run keeps its cost, a run never finished has none
+    _finished(sweep, "fox-nope", "lr0.0005-s0", 0.0005, 0.9)
+    (sweep / "gla-nope" / "lr0.0005-s0").mkdir(parents=True)
+    runs = results.collect_runs(sweep, "mqar")
+    assert runs["fox-nope/lr0.0005-s0"]["gpu_s"] == 199.4 and "gpu_s" not in runs["gla-nope/lr0.0005-s0"]
+
+
+def test_the_status_table_counts_the_runs_over_and_the_hours_left_from_the_records(tmp_path, monkeypatch):
+    """progress(): the grid and seeds runs over among the pairs the model accepts (S2's sweep: 39 of 12 x 6, 3 lrs),
+    no seeds owed by a pair diverged at every lr, and the time left at each backbone's mean cost (another task's,
+    scaled by the tasks' ratio on shared backbones; else the slowest's). The page's table says it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path)
+
+    def run(pair, name, lr, status="finished", gpu_s=100.0):
+        b, p = pair.split("-", 1)
+        stage = "seeds" if name.startswith("best") else "grid"
+        return {f"{pair}/{name}": {"backbone": b, "pe": p, "seed": int(name[-1]), "stage": stage, "status": status,
+                                   "lr": lr, "val_loss": 1.0, "val_acc": 0.9, "gpu_s": gpu_s,
+                                   "scores": {"<= 128 (trained)": 0.9, "129-512": 0.5}}}
+    grid = results.planned_grid("s2")
+    assert grid == [1.7e-4, 5e-4, 1.5e-3]
+    runs = {k: v for lr in grid for k, v in run("transformer-nope", f"lr{lr}-s0", lr).items()}
+    runs |= run("transformer-nope", "best-s1", 5e-4)
+    runs |= run("fox-nope", "lr0.0005-s0", 5e-4, "diverged", 200.0)
+    runs |= {k: v for lr in grid for k, v in run("fox-rope", f"lr{lr}-s0", lr, "diverged", 200.0).items()}
+    session = {"date": "2026-11-30", "device": "x", "finished": 5, "pairs": 3, "refused": 0, "command": "c",
+               "commit": "k", "software": "s"}
+    (tmp_path / "s2.json").write_text(json.dumps({"task": "s2", "title": "S2 parity", "runs": runs,
+                                                  "chosen_lr": {"transformer-nope": 5e-4}, "sessions": [session]}))
+    p = results.progress("s2")
+    assert {k: p[k] for k in ("pairs", "refused", "grid", "grid_of", "diverged", "seeds", "seeds_of", "whole")} == {
+        "pairs": 39, "refused": 33, "grid": 7, "grid_of": 117, "diverged": 4, "seeds": 1, "seeds_of": 76, "whole": 0}
+    # left: transformer 6 pairs x 5 runs - 4 = 26 at 100 s; FoX nope 2 grid + 2 seeds, rope none (diverged at every
+    # lr), selective_rope 5: 9 at 200 s; the other 150 runs at the slowest's 200 s
+    assert p["runs_left"] == 185 and p["hours_left"] == pytest.approx((26 * 100 + 9 * 200 + 150 * 200) / 3600)
+    # a backbone with no S2 run yet costs its retrieval cost scaled by S2/retrieval on the backbones both have
+    (tmp_path / "retrieval.json").write_text(json.dumps({"task": "retrieval", "title": "R", "chosen_lr": {},
+                                                         "sessions": [session], "runs": {
+        **run("transformer-nope", "lr0.001-s0", 1e-3, gpu_s=50.0), **run("gla-nope", "lr0.001-s0", 1e-3, gpu_s=30.0)}}))
+    assert results.run_costs("s2") == pytest.approx({"transformer": 100.0, "fox": 200.0, "gla": 60.0})
+    row = next(x for x in results.status_table().splitlines() if x.startswith("| [S2 parity]"))
+    # GLA's 15 runs at 60 s, not 200: (26 * 100 + 9 * 200 + 15 * 60 + 135 * 200) / 3600 = 8.97 hours
+    assert row.endswith("schemes: 39 accepted, 33 refused by the model | 7 of 117 (4 diverged) | 1 of 76 | 0 of 39 | "
+                        "**under way**: 185 runs left, about 9.0 hours of one H200 (each backbone's mean cost a run so "
+                        "far) |")
+    assert "state (2026-11-30)" in results.status_table()
