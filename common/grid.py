@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+from hydra_plugins.duality_launcher.gpus import error_line
+
 from .errors import ConfigError
 
 
@@ -75,6 +77,10 @@ def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc") -> float:
     pair_dir = Path(sweep_dir) / pair
     done, missing = grid_runs(pair_dir)
     absent = sorted(grid_of(Path(sweep_dir)) - set(done) - {lr_of(m.name) for m in missing})
+    failed = [(m.name, line) for m in missing if (line := error_line(m / "job.log"))]
+    if failed:  # e.g. a pair the model refuses: say why, not only that the grid is to be run
+        raise ConfigError(f"best_lr: {pair} in {sweep_dir}: its grid run {failed[0][0]} has no task_eval.json, and "
+                          f"its job.log says: {failed[0][1]}")
     if missing or absent or not done:
         what = f"{len(missing)} of its grid runs have no task_eval.json ({missing[0].name}, ...)" if missing else \
             "no grid run of it finished" if not done else \

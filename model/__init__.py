@@ -19,8 +19,8 @@ from .pe import REGISTRY as SCHEMES
 from .pe import build_pe
 from .pe.base import check_options
 
-__all__ = ["GPT", "Cache", "ModelConfig", "ConfigError", "build_model", "check_model_config", "valid_schemes",
-           "with_defaults"]
+__all__ = ["GPT", "Cache", "ModelConfig", "ConfigError", "build_model", "check_model_config", "refusal",
+           "valid_schemes", "with_defaults"]
 
 # conf/backbone/<name>.yaml and conf/pe/<name>.yaml extend these (model/core/options.py)
 register_schemas("backbone", MIXERS)
@@ -102,6 +102,21 @@ def check_model_config(backbone: dict, pe: dict, model: dict) -> None:
         if not pattern or bad:
             raise ConfigError(f"model.layer_mixers={list(pattern)}: {bad or 'empty'} not valid; each entry is "
                               f"'backbone' or one of {sorted(MIXERS)}")
+
+
+def refusal(cfg) -> str | None:
+    """Why a job's config names a model this repo cannot build (None: it can, or the config names none): the sweep
+    launcher's precheck (conf/hydra/launcher/gpus.yaml), so a refused backbone x scheme pair of a sweep fails at once
+    with the message its own process would print, and takes no GPU place."""
+    if not all(k in cfg for k in ("backbone", "pe", "model")):
+        return None
+    try:
+        check_model_config(*(_plain(cfg[k]) for k in ("backbone", "pe", "model")))
+    except ConfigError as e:
+        return str(e)
+    except Exception:  # e.g. an interpolation only the job can resolve: its own process decides
+        return None
+    return None
 
 
 def build_model(backbone, pe, model, vocab_size: int) -> GPT:

@@ -47,6 +47,10 @@ def test_the_best_lr_is_the_grids_best_at_the_training_length_ties_to_the_lower_
         best_lr(tmp_path, "gla-rope")
     with pytest.raises(ConfigError, match="fox-alibi .*no grid run of it finished"):
         best_lr(tmp_path, "fox-alibi")
+    (tmp_path / "gla-rope" / "lr0.03-s0" / "job.log").write_text("...\nerror: pe=rope is refused\n")  # and why
+    with pytest.raises(ConfigError, match=r"grid run lr0.03-s0 has no task_eval.json, and its job.log says: error: "
+                                          r"pe=rope is refused$"):
+        best_lr(tmp_path, "gla-rope")
     # a pair the sweep reached but whose grid is short of an lr other pairs ran (cut off before it started)
     _grid_run(tmp_path, "fox-nope", 0.001, 0.9, 0.1)
     _grid_run(tmp_path, "fox-nope", 0.003, 0.9, 0.1)
@@ -174,8 +178,9 @@ def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains
     assert sorted((x["overrides"][0], x["status"]) for x in rows) == [
         ("backbone=gla", "FAILED"), ("backbone=gla", "FAILED"),
         ("backbone=transformer", "COMPLETED"), ("backbone=transformer", "COMPLETED")]
-    assert "error: pe=alibi is a score scheme, which backbone=gla cannot use" in \
-        (sweep / "gla-alibi" / "lr0.001-s0" / "job.log").read_text()
+    log = (sweep / "gla-alibi" / "lr0.001-s0" / "job.log").read_text()
+    assert "error: pe=alibi is a score scheme, which backbone=gla cannot use" in log
+    assert "[launcher] job" not in log  # refused by the launcher's precheck: no process was started for it
     # the launcher's last word says how the jobs ended and why the failed ones failed (Hydra names one job only)
     assert "[hydra] 4 jobs: 2 completed, 2 failed" in r.stdout
     assert "\t2 failed with: error: pe=alibi is a score scheme, which backbone=gla cannot use" in r.stdout
@@ -519,3 +524,28 @@ def test_the_status_table_counts_the_runs_over_and_the_hours_left_from_the_recor
                         "**under way**: 185 runs left, about 9.0 hours of one H200 (each backbone's mean cost a run so "
                         "far) |")
     assert "state (2026-11-30)" in results.status_table()
+
+
+def test_the_launchers_precheck_refuses_a_pair_as_its_process_would_and_a_bad_precheck_is_named(tmp_path):
+    """hydra.launcher.precheck (duality.model.refusal): the model's refusal of a job's config, the same message
+    train.py prints, read before any process starts; None for a pair the model builds or a config with no model.
+    precheck=null leaves the refusal to the job's own process; a name that is no function is an error at once."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from duality.model import refusal
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        refused = compose("config", overrides=["backbone=gla", "pe=alibi"])
+        built = compose("config", overrides=["backbone=gla", "pe=rope"])
+    assert refusal(refused).startswith("pe=alibi is a score scheme, which backbone=gla cannot use (it accepts ")
+    assert refusal(built) is None and refusal(OmegaConf.create({"optim": {"lr": 1}})) is None
+    r = subprocess.run([sys.executable, "train.py", "task=mqar", "backbone=gla", "pe=alibi", *TINY[:-2]], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"error: {refusal(refused)}" in r.stderr  # what the job's own process says
+
+    sweep = tmp_path / "sweep"
+    r = _sweep(sweep, "sweep=results_mqar", "backbone=gla", "pe=alibi", "optim.lr=1e-3", "hydra.launcher.precheck=null")
+    log = (sweep / "gla-alibi" / "lr0.001-s0" / "job.log").read_text()
+    assert r.returncode == 1 and "[launcher] job" in log and f"error: {refusal(refused)}" in log
+    r = _sweep(tmp_path / "bad", "sweep=results_mqar", "backbone=gla", "pe=rope", "hydra.launcher.precheck=no.such")
+    assert r.returncode == 1 and "hydra.launcher.precheck=no.such: no such function" in r.stderr

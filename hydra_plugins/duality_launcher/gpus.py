@@ -19,7 +19,10 @@ job that is over leaves in its folder: task_eval.json, and nonfinite.json where 
 where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch) starts a job
 only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl, the
 longest completed job of the same backbone (else of any backbone; a job with nothing to go by starts), so a lease's
-last minutes still run the short jobs and no long one is started to be lost. Each job is Hydra's own multirun job
+last minutes still run the short jobs and no long one is started to be lost. `precheck` (a function's dotted name,
+the job's config -> why it cannot run, or None) fails a job before its process starts, with `error: <why>` in its
+job.log, taking no GPU place: the repo's is the model's refusal of a backbone x scheme pair, which a results sweep
+meets for half its jobs (10 s of a GPU place each before). Each job is Hydra's own multirun job
 (its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any job failed (e.g.
 a pair the model refuses), the launch ends after its summary with one line and exit code 1, not the traceback of
 the first failed job that Hydra's basic sweeper would print. The job is handed over with
@@ -58,7 +61,7 @@ log = logging.getLogger(__name__)
 class GPUsLauncher(Launcher):
     def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1, deadline: float | None = None,
                  skip_done: str | Sequence[str] | None = None, start_by: float | None = None,
-                 finish_by: float | None = None, slots_dir: str | None = None) -> None:
+                 finish_by: float | None = None, slots_dir: str | None = None, precheck: str | None = None) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
         if deadline is not None and float(deadline) <= 0:
@@ -73,6 +76,7 @@ class GPUsLauncher(Launcher):
         self.finish_by = None if finish_by is None else float(finish_by)
         self.skip_done = [] if skip_done is None else [skip_done] if isinstance(skip_done, str) else list(skip_done)
         self.slots_dir = Path(slots_dir or Path(tempfile.gettempdir()) / f"duality-gpu-slots-{os.getuid()}")
+        self.precheck = precheck
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -120,6 +124,7 @@ class GPUsLauncher(Launcher):
         pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here]))
 
         ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
+        refusal = _function(self.precheck) if self.precheck else (lambda cfg: None)
 
         def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
             ended.setdefault(status, []).append(job_dir)
@@ -137,6 +142,17 @@ class GPUsLauncher(Launcher):
                 except queue.Empty:
                     return
                 done = any((job_dir / name).exists() for name in self.skip_done)
+                if not done and (why := refusal(cfg)):  # fails as its process would, without one or a GPU place
+                    job_dir.mkdir(parents=True, exist_ok=True)
+                    with open(job_dir / "job.log", "a") as out:
+                        out.write(f"[launcher] precheck {self.precheck}: the job was not started\nerror: {why}\n")
+                    payload.unlink(missing_ok=True)
+                    ret = JobReturn(cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir), task_name=cfg.hydra.job.name)
+                    ret.status, ret.return_value = JobStatus.FAILED, ValueError(why)
+                    with lock:
+                        results[idx] = ret
+                        note(idx, gpu, overrides, time.time(), "FAILED", 2, job_dir)
+                    continue
                 # a slot of the GPU, shared with other launches on this machine (none for a finished job)
                 slot = None if done else Slot.take(self.slots_dir, gpu, self.per_gpu, until=last_start)
                 with lock:
@@ -281,6 +297,17 @@ def _wait(proc: subprocess.Popen, end: float | None) -> tuple[int, bool]:
             proc.send_signal(signal.SIGTERM)
             return proc.wait(), True
     return proc.wait(), False
+
+
+def _function(name: str):
+    """`package.module.function` -> the function (hydra.launcher.precheck)."""
+    import importlib
+
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"hydra.launcher.precheck={name}: no such function ({e})") from None
 
 
 def _passed_over(cfg: DictConfig, job_dir: Path, why: str) -> JobReturn:
