@@ -501,11 +501,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("collect", help="a sweep folder's runs into docs/results/<task>.json")
     c.add_argument("task", choices=list(TASKS))
     c.add_argument("sweep", type=Path)
-    c.add_argument("--device", required=True)
-    c.add_argument("--date", required=True)
-    c.add_argument("--software", required=True)
-    c.add_argument("--command", required=True, help="the sweep commands as run")
-    c.add_argument("--commit", required=True)
+    for flag in ("--device", "--date", "--software", "--command", "--commit"):  # where, when, how, what, which code
+        c.add_argument(flag, required=True, help="the sweep commands as run" if flag == "--command" else None)
     p = sub.add_parser("plot", help="docs/results/<task>.png from its record")
     p.add_argument("task", choices=list(TASKS))
     p.add_argument("--out", type=Path)
