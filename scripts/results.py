@@ -112,25 +112,28 @@ def collect_runs(sweep: Path, task: str) -> dict:
 
 def gpu_seconds(sweep: Path) -> dict[str, float]:
     """Each run folder's cost in seconds of a whole GPU, from the launcher's log (launcher.jsonl): the wall time of
-    its jobs (a paused run has several), each over the mean number of jobs the log has on that GPU while it ran
-    (8 side by side for 800 s: 100 s each; a refused job beside it for 10 s hardly counts). A job of another sweep
-    on the GPU is not in this log: it makes the cost larger than it was."""
-    log = sweep / "launcher.jsonl"
-    spans: dict[int, list] = {}
-    for line in log.read_text().splitlines() if log.exists() else []:
-        r = json.loads(line)
-        o = dict(x.split("=", 1) for x in r["overrides"] if "=" in x)
-        if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED") or not {"backbone", "pe"} <= set(o):
-            continue
-        seed = o.get("seed", "0")
-        name = f"lr{float(o['optim.lr'])}-s{seed}" if "optim.lr" in o else f"best-s{seed}"
-        key = f"{o['backbone']}-{o['pe']}/{name}"
-        spans.setdefault(r["gpu"], []).append((r["start"], r["start"] + r["wall_s"], key))
+    its jobs (a paused run has several), each over the mean number of jobs on that GPU while it ran (8 side by side
+    for 800 s: 100 s each; a refused job beside it for 10 s hardly counts), counting the jobs of the sweeps beside
+    this one (the other tasks' folders, `<sweep>/../*/launcher.jsonl`: two sweeps sharing a GPU's places) on the
+    same host's GPU (rows before 2026-11-30 name no host: their GPU index alone)."""
+    spans: dict[tuple, list] = {}  # (host, gpu) -> [(start, end, run key or None for another sweep's job)]
+    for log in [sweep / "launcher.jsonl", *(p for p in sweep.parent.glob("*/launcher.jsonl") if p.parent != sweep)]:
+        for line in log.read_text().splitlines() if log.exists() else []:
+            r = json.loads(line)
+            o = dict(x.split("=", 1) for x in r["overrides"] if "=" in x)
+            if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED"):
+                continue
+            seed = o.get("seed", "0")
+            name = f"lr{float(o['optim.lr'])}-s{seed}" if "optim.lr" in o else f"best-s{seed}"
+            mine = log.parent == sweep and {"backbone", "pe"} <= set(o)
+            key = f"{o['backbone']}-{o['pe']}/{name}" if mine else None
+            spans.setdefault((r.get("host"), r["gpu"]), []).append((r["start"], r["start"] + r["wall_s"], key))
     cost: dict[str, float] = {}
     for jobs in spans.values():
         for a, b, key in jobs:
-            together = sum(max(0.0, min(b, d) - max(a, c)) for c, d, _ in jobs)  # itself included
-            cost[key] = cost.get(key, 0.0) + (b - a) ** 2 / together
+            if key is not None:
+                together = sum(max(0.0, min(b, d) - max(a, c)) for c, d, _ in jobs)  # itself included
+                cost[key] = cost.get(key, 0.0) + (b - a) ** 2 / together
     return cost
 
 

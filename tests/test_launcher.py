@@ -3,6 +3,7 @@ its own CUDA_VISIBLE_DEVICES, run here on the CPU (train.device=cpu) with two na
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -32,6 +33,7 @@ def test_jobs_are_dealt_to_the_gpus_and_train_as_the_same_single_runs(tmp_path, 
     assert set(jobs) == set(range(6))  # 3 schemes x 2 warmups
     assert not (sweep / ".launcher").exists()  # the jobs' payloads, read and removed
     assert {j["gpu"] for j in jobs.values()} == {3, 5}
+    assert {j["host"] for j in jobs.values()} == {socket.gethostname()}  # which machine's GPUs (results.gpu_seconds)
     for n, j in jobs.items():
         bad = "optim.warmup=-1" in j["overrides"]
         assert (j["status"], j["returncode"]) == (("FAILED", 2) if bad else ("COMPLETED", 0))

@@ -454,7 +454,8 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
 def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tmp_path, monkeypatch):
     """launcher.jsonl -> each run's GPU-seconds (the status table's time left): 4 jobs side by side for 800 s cost
     about 200 each (a refused job's 10 s beside them hardly counts); a job alone its whole wall time; a paused run
-    the sum of its launches; another GPU's jobs, passed-over and not-started rows count for nothing."""
+    the sum of its launches; another GPU's jobs, passed-over and not-started rows count for nothing; a sweep beside
+    it on the same GPU counts."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import results
     monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
@@ -481,6 +482,14 @@ def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tm
     (sweep / "gla-nope" / "lr0.0005-s0").mkdir(parents=True)
     runs = results.collect_runs(sweep, "mqar")
     assert runs["fox-nope/lr0.0005-s0"]["gpu_s"] == 199.4 and "gpu_s" not in runs["gla-nope/lr0.0005-s0"]
+    # another task's sweep beside it (its folder next to this one) shares the GPU: its jobs count as neighbours
+    # there, not as this sweep's runs; a row naming another host is another machine's GPU 0
+    (tmp_path / "retrieval").mkdir()
+    (tmp_path / "retrieval" / "launcher.jsonl").write_text(row(1, "gla", 1000, 800) + "\n" + json.dumps(
+        {**json.loads(row(0, "gla", 1800, 100)), "host": "elsewhere"}) + "\n")
+    cost = results.gpu_seconds(sweep)
+    assert cost["mamba2-nope/best-s1"] == pytest.approx(400) and cost["sympow-nope/lr0.0005-s0"] == 100
+    assert "gla-nope/lr0.0005-s0" in cost and len(cost) == 8  # the other sweep's jobs are no run of this one
 
 
 def test_the_status_table_counts_the_runs_over_and_the_hours_left_from_the_records(tmp_path, monkeypatch):

@@ -124,6 +124,7 @@ class GPUsLauncher(Launcher):
         pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here]))
 
         ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
+        host = socket.gethostname()  # with the GPU, which device a job ran on (scripts/results.py: a run's GPU cost)
         refusal = _function(self.precheck) if self.precheck else (lambda cfg: None)
 
         def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
@@ -131,8 +132,8 @@ class GPUsLauncher(Launcher):
             if status == "COMPLETED":
                 lengths.add(overrides, time.time() - start)
             with open(sweep_dir / "launcher.jsonl", "a") as f:
-                f.write(json.dumps({"job": idx, "gpu": gpu, "overrides": overrides, "start": round(start, 3),
-                                    "wall_s": round(time.time() - start, 3), "status": status,
+                f.write(json.dumps({"job": idx, "host": host, "gpu": gpu, "overrides": overrides,
+                                    "start": round(start, 3), "wall_s": round(time.time() - start, 3), "status": status,
                                     "returncode": rc}) + "\n")
 
         def worker(gpu):
