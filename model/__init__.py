@@ -115,7 +115,7 @@ def refusal(cfg) -> str | None:
     except ConfigError as e:
         return str(e)
     except Exception:  # e.g. an interpolation only the job can resolve: its own process decides
-        return None
+        pass
     return None
 
 

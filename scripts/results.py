@@ -236,13 +236,6 @@ def planned_grid(task: str) -> list[float]:
     return sorted(float(x) for x in str(lrs).split(","))
 
 
-def accepted(task: str) -> list[str]:
-    """The pairs of the task's sweep that the model builds (the others are refused, on every task)."""
-    from duality.model import valid_schemes
-    backbones, schemes = planned(task)
-    return [f"{b}-{s}" for b in backbones for s in schemes if s in valid_schemes(b)]
-
-
 def run_costs(task: str) -> dict[str, float]:
     """Each backbone's mean cost of a run (GPU-seconds, `gpu_s`) on the task; a backbone with none yet there: its
     mean on another task's record, scaled by the two tasks' median ratio over the backbones both have."""
@@ -265,8 +258,10 @@ def progress(task: str) -> dict:
     """How far the task's sweeps are, from its record: grid and seeds runs over (finished, or diverged: outcomes),
     the cells with all 3 seeds, and the GPU-hours the rest would take at each backbone's mean cost a run so far
     (run_costs; a backbone with none anywhere: the slowest backbone's)."""
+    from duality.model import valid_schemes
     rec = load(task) or {"runs": {}, "chosen_lr": {}}
-    pairs, grid = accepted(task), planned_grid(task)
+    (backbones, schemes), grid = planned(task), planned_grid(task)
+    pairs = [f"{b}-{s}" for b in backbones for s in schemes if s in valid_schemes(b)]  # the others: refused
     over = {k: r for k, r in rec["runs"].items()
             if k.split("/")[0] in pairs and r["status"] in ("finished", "diverged")}
     grid_over = {(k.split("/")[0], r["lr"]) for k, r in over.items() if r["stage"] == "grid"}
@@ -276,7 +271,8 @@ def progress(task: str) -> dict:
     left = {p: sum((p, lr) not in grid_over for lr in grid)
             + (0 if p in dead else 2 - sum(k.startswith(p + "/") for k in seeds_over)) for p in pairs}
     slowest = max(mean.values(), default=0.0)
-    return {"pairs": len(pairs), "refused": len(planned(task)[0]) * len(planned(task)[1]) - len(pairs),
+    return {"backbones": len(backbones), "schemes": len(schemes),
+            "pairs": len(pairs), "refused": len(backbones) * len(schemes) - len(pairs),
             "grid": len(grid_over), "grid_of": len(pairs) * len(grid),
             "diverged": sum(r["status"] == "diverged" for r in over.values()),
             "seeds": len(seeds_over), "seeds_of": 2 * (len(pairs) - len(dead)), "dead": len(dead),
@@ -297,13 +293,14 @@ def status_table() -> str:
            "|---|---|---:|---:|---:|---|"]
     for task, t in TASKS.items():
         p = progress(task)
-        (b, s), div = planned(task), f" ({p['diverged']} diverged)" if p["diverged"] else ""
+        div = f" ({p['diverged']} diverged)" if p["diverged"] else ""
         state = ("**done**" if not p["runs_left"] else
                  f"**under way**: {p['runs_left']} runs left, about {p['hours_left']:.1f} hours of one H200 (each "
                  "backbone's mean cost a run so far)")
-        out.append(f"| [{t['title'].split(' (')[0]}](#{t['section']}), {t['what']} | {len(b)} backbones × {len(s)} "
-                   f"schemes: {p['pairs']} accepted, {p['refused']} refused by the model | {p['grid']} of "
-                   f"{p['grid_of']}{div} | {p['seeds']} of {p['seeds_of']} | {p['whole']} of {p['pairs']} | {state} |")
+        out.append(f"| [{t['title'].split(' (')[0]}](#{t['section']}), {t['what']} | {p['backbones']} backbones × "
+                   f"{p['schemes']} schemes: {p['pairs']} accepted, {p['refused']} refused by the model | "
+                   f"{p['grid']} of {p['grid_of']}{div} | {p['seeds']} of {p['seeds_of']} | {p['whole']} of "
+                   f"{p['pairs']} | {state} |")
     out += [f"| {name} | — | — | — | — | {why} |" for name, why in NOT_RUN.items()]
     return "\n".join(out)
 

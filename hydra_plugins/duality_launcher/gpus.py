@@ -148,10 +148,8 @@ class GPUsLauncher(Launcher):
                     with open(job_dir / "job.log", "a") as out:
                         out.write(f"[launcher] precheck {self.precheck}: the job was not started\nerror: {why}\n")
                     payload.unlink(missing_ok=True)
-                    ret = JobReturn(cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir), task_name=cfg.hydra.job.name)
-                    ret.status, ret.return_value = JobStatus.FAILED, ValueError(why)
                     with lock:
-                        results[idx] = ret
+                        results[idx] = _job_return(cfg, job_dir, JobStatus.FAILED, ValueError(why))
                         note(idx, gpu, overrides, time.time(), "FAILED", 2, job_dir)
                     continue
                 # a slot of the GPU, shared with other launches on this machine (none for a finished job)
@@ -311,10 +309,14 @@ def _function(name: str):
         raise ValueError(f"hydra.launcher.precheck={name}: no such function ({e})") from None
 
 
-def _passed_over(cfg: DictConfig, job_dir: Path, why: str) -> JobReturn:
+def _job_return(cfg: DictConfig, job_dir: Path, status: JobStatus, value) -> JobReturn:
     ret = JobReturn(cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir), task_name=cfg.hydra.job.name)
-    ret.status, ret.return_value = JobStatus.COMPLETED, {"passed_over": why}
+    ret.status, ret.return_value = status, value
     return ret
+
+
+def _passed_over(cfg: DictConfig, job_dir: Path, why: str) -> JobReturn:
+    return _job_return(cfg, job_dir, JobStatus.COMPLETED, {"passed_over": why})
 
 
 def visible_gpus() -> list[int | str]:
