@@ -73,10 +73,27 @@ def choose(done: dict[float, dict], metric: str = "val_acc") -> float | None:
     return max(ok, key=lambda lr: (ok[lr].get(metric) or 0.0, -(ok[lr].get("val_loss") or float("inf"))))
 
 
-def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc") -> float:
+def recorded_grid(record: dict | None, pair: str) -> tuple[dict[float, dict], set[float]]:
+    """From a results record (docs/results/<task>.json): {lr: run} of the pair's seed-0 grid runs that are over (a
+    run's entry holds the metric and val_loss `choose` reads; a diverged one's status), and every lr any grid run of
+    the record names."""
+    runs = (record or {}).get("runs", {})
+    grid = {r["lr"] for r in runs.values() if r.get("stage") == "grid" and "lr" in r}
+    done = {r["lr"]: r for key, r in runs.items() if key.split("/")[0] == pair and r.get("stage") == "grid"
+            and r.get("status") in ("finished", "diverged")}
+    return done, grid
+
+
+def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc", record: str | Path | None = None) -> float:
+    """The pair's lr for its later seeds, from its grid runs' outcomes: the sweep folder's, and where `record` names
+    a results record, the record's too (a folder's outcome wins), so the seeds run where the grid's folders are gone."""
     pair_dir = Path(sweep_dir) / pair
     done, missing = grid_runs(pair_dir)
-    absent = sorted(grid_of(Path(sweep_dir)) - set(done) - {lr_of(m.name) for m in missing})
+    rec = json.loads(Path(record).read_text()) if record is not None and Path(record).is_file() else None
+    in_record, record_grid = recorded_grid(rec, pair)
+    missing = [m for m in missing if lr_of(m.name) not in in_record]
+    done = {**in_record, **done}
+    absent = sorted((grid_of(Path(sweep_dir)) | record_grid) - set(done) - {lr_of(m.name) for m in missing})
     failed = [(m.name, line) for m in missing if (line := error_line(m / "job.log"))]
     if failed:  # e.g. a pair the model refuses: say why, not only that the grid is to be run
         raise ConfigError(f"best_lr: {pair} in {sweep_dir}: its grid run {failed[0][0]} has no task_eval.json, and "

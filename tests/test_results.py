@@ -19,9 +19,11 @@ TINY = ["train.device=cpu", "logger=none", "model.d_model=32", "data.train_examp
         "train.progress=false", "hydra.launcher.gpus=[]", "hydra.launcher.per_gpu=2"]
 
 
-def _sweep(sweep_dir, *args, timeout=600):
-    return subprocess.run([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep_dir}", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+def _sweep(sweep_dir, *args, timeout=600, record=None):
+    """A tiny sweep; the results configs' record (docs/results/<task>.json, the page's) is left out unless given."""
+    return subprocess.run([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep_dir}",
+                           f"hydra.launcher.record={record or 'null'}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def _rows(sweep_dir):
@@ -56,6 +58,33 @@ def test_the_best_lr_is_the_grids_best_at_the_training_length_ties_to_the_lower_
     _grid_run(tmp_path, "fox-nope", 0.003, 0.9, 0.1)
     with pytest.raises(ConfigError, match=r"fox-nope in .*: its grid lacks lr 0.01, 0.03 \(run by other pairs\)"):
         best_lr(tmp_path, "fox-nope")
+
+
+def test_the_best_lr_reads_the_grid_from_the_record_where_the_folders_are_gone(tmp_path):
+    """A results record (docs/results/<task>.json) holds each grid run's outcome: with the sweep folder lost (a new
+    machine), the pair's lr is the record's choice; a folder's outcome joins or wins over the record's; an lr the
+    record's grid names but the pair lacks keeps it waiting."""
+    runs = {"gla-rope/lr0.001-s0": {"stage": "grid", "status": "finished", "lr": 0.001, "val_acc": 0.5, "val_loss": 1},
+            "gla-rope/lr0.01-s0": {"stage": "grid", "status": "finished", "lr": 0.01, "val_acc": 0.9, "val_loss": 1},
+            "gla-rope/best-s1": {"stage": "seeds", "status": "finished", "val_acc": 1.0, "val_loss": 0},
+            "fox-nope/lr0.001-s0": {"stage": "grid", "status": "diverged", "lr": 0.001},
+            "fox-nope/lr0.01-s0": {"stage": "grid", "status": "finished", "lr": 0.01, "val_acc": 0.2, "val_loss": 1},
+            "path-nope/lr0.001-s0": {"stage": "grid", "status": "finished", "lr": 0.001, "val_acc": 0.2,
+                                     "val_loss": 1},
+            "path-nope/lr0.01-s0": {"stage": "grid", "status": "refused", "lr": 0.01}}
+    record = tmp_path / "mqar.json"
+    record.write_text(json.dumps({"runs": runs}))
+    sweep = tmp_path / "sweep"
+    assert best_lr(sweep, "gla-rope", record=record) == 0.01
+    assert best_lr(sweep, "fox-nope", record=record) == 0.01  # the diverged lr ranks last, as from its folder
+    with pytest.raises(ConfigError, match=r"path-nope in .*: its grid lacks lr 0.01"):
+        best_lr(sweep, "path-nope", record=record)
+    _grid_run(sweep, "path-nope", 0.01, 0.3, 1.0)  # run since, in the folder: the grid is whole, the best is it
+    assert best_lr(sweep, "path-nope", record=record) == 0.01
+    _grid_run(sweep, "gla-rope", 0.001, 0.95, 1.0)  # the folder's outcome wins over the record's for the same run
+    assert best_lr(sweep, "gla-rope", record=record) == 0.001
+    with pytest.raises(ConfigError, match="fox-nope .*no grid run of it finished"):
+        best_lr(sweep, "fox-nope")  # without the record: the folder alone, as before
 
 
 def _diverged(root, pair, name, step=1331):
@@ -221,6 +250,41 @@ def test_a_results_sweep_refuses_pairs_in_cells_passes_over_done_runs_and_trains
     assert next(x for x in table.splitlines() if x.startswith("| gla |")).strip(" |").split(" | ")[alibi] == \
         "refused: score scheme"
     assert results.plot("mqar").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_a_results_sweep_continues_from_its_record_where_its_folders_are_gone(tmp_path, monkeypatch):
+    """hydra.launcher.record (the seeds configs set docs/results/<task>.json): the runs a record holds as over are
+    passed over with no folder made, and the seeds train at the lr the record chose, in a sweep folder that is new
+    (the earlier one lost with its machine)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path / "records")
+    grid = ["sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "optim.lr=1e-3,1e-2"]
+    r = _sweep(tmp_path / "first", *grid)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = results.collect("mqar", tmp_path / "first", {"date": "d", "device": "cpu", "software": "s", "command": "c",
+                                                       "commit": "x"})
+    record = results.record_path("mqar")
+    chosen = rec["chosen_lr"]["transformer-rope"]
+    rec["runs"][f"transformer-rope/lr{chosen}-s0"].update(status="diverged")  # an outcome too, and now the worst
+    record.write_text(json.dumps(rec))
+    sweep = tmp_path / "new"
+    r = _sweep(sweep, "sweep=results_mqar", "backbone=transformer,gla", "pe=rope", "optim.lr=1e-3,1e-2",
+               record=record)
+    assert r.returncode == 0, r.stderr[-2000:]
+    status = {(o["backbone"], o["optim.lr"]): x["status"]
+              for x in _rows(sweep) for o in [dict(v.split("=", 1) for v in x["overrides"])]}
+    assert status == {("transformer", "0.001"): "DONE_BEFORE", ("transformer", "0.01"): "DONE_BEFORE",
+                      ("gla", "0.001"): "COMPLETED", ("gla", "0.01"): "COMPLETED"}
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["gla-rope"]
+    r = _sweep(sweep, "sweep=results_mqar_seeds", "backbone=transformer,gla", "pe=rope", "seed=1", record=record)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seeded = json.loads((sweep / "transformer-rope" / "best-s1" / "task_eval.json").read_text())
+    assert seeded["config"]["optim"]["lr"] == ({0.001, 0.01} - {chosen}).pop()  # the record's grid, as it now reads
+    gla = {lr: json.loads((sweep / "gla-rope" / f"lr{lr}-s0" / "task_eval.json").read_text()) for lr in (0.001, 0.01)}
+    best = max(gla, key=lambda lr: (gla[lr]["val_acc"], -gla[lr]["val_loss"]))  # from the new folder alone
+    assert json.loads((sweep / "gla-rope" / "best-s1" / "task_eval.json").read_text())["config"]["optim"]["lr"] == best
 
 
 @pytest.mark.slow

@@ -14,7 +14,9 @@ job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` say
 how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
 still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more;
 with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file, or a list of files, a
-job that is over leaves in its folder: task_eval.json, and nonfinite.json where it diverged) passes over those jobs.
+job that is over leaves in its folder: task_eval.json, and nonfinite.json where it diverged) passes over those jobs;
+`record` (a results record, docs/results/<task>.json) passes over the runs it holds as over, so a sweep whose folders
+are gone (a machine wiped between leases, another cluster's scratch) continues from what the record already has.
 `start_by` (seconds after the launch) starts no job after it and lets the running ones finish: the end of a lease,
 where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch) starts a job
 only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl, the
@@ -61,7 +63,8 @@ log = logging.getLogger(__name__)
 class GPUsLauncher(Launcher):
     def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1, deadline: float | None = None,
                  skip_done: str | Sequence[str] | None = None, start_by: float | None = None,
-                 finish_by: float | None = None, slots_dir: str | None = None, precheck: str | None = None) -> None:
+                 finish_by: float | None = None, slots_dir: str | None = None, precheck: str | None = None,
+                 record: str | None = None) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
         if deadline is not None and float(deadline) <= 0:
@@ -77,6 +80,7 @@ class GPUsLauncher(Launcher):
         self.skip_done = [] if skip_done is None else [skip_done] if isinstance(skip_done, str) else list(skip_done)
         self.slots_dir = Path(slots_dir or Path(tempfile.gettempdir()) / f"duality-gpu-slots-{os.getuid()}")
         self.precheck = precheck
+        self.record = record
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -126,6 +130,7 @@ class GPUsLauncher(Launcher):
         ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
         host = socket.gethostname()  # with the GPU, which device a job ran on (scripts/results.py: a run's GPU cost)
         refusal = _function(self.precheck) if self.precheck else (lambda cfg: None)
+        recorded = over_in_record(self.record)
 
         def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
             ended.setdefault(status, []).append(job_dir)
@@ -142,7 +147,8 @@ class GPUsLauncher(Launcher):
                     idx, overrides, cfg, job_dir, payload = todo.get_nowait()
                 except queue.Empty:
                     return
-                done = any((job_dir / name).exists() for name in self.skip_done)
+                done = any((job_dir / name).exists() for name in self.skip_done) or \
+                    _relative(job_dir, sweep_dir) in recorded
                 if not done and (why := refusal(cfg)):  # fails as its process would, without one or a GPU place
                     job_dir.mkdir(parents=True, exist_ok=True)
                     with open(job_dir / "job.log", "a") as out:
@@ -313,6 +319,26 @@ def _job_return(cfg: DictConfig, job_dir: Path, status: JobStatus, value) -> Job
     ret = JobReturn(cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir), task_name=cfg.hydra.job.name)
     ret.status, ret.return_value = status, value
     return ret
+
+
+def over_in_record(record: str | Path | None) -> set[str]:
+    """The runs a results record (docs/results/<task>.json, scripts/results.py) holds as over, finished or diverged,
+    by folder relative to the sweep's (`<backbone>-<pe>/lr<lr>-s<seed>`); none without a record or where the file is
+    absent (a task's first launch)."""
+    if record is None:
+        return set()
+    from hydra.utils import to_absolute_path
+
+    path = Path(to_absolute_path(str(record)))
+    runs = json.loads(path.read_text())["runs"] if path.is_file() else {}
+    return {key for key, r in runs.items() if r.get("status") in ("finished", "diverged")}
+
+
+def _relative(job_dir: Path, sweep_dir: Path) -> str:
+    try:
+        return job_dir.relative_to(sweep_dir).as_posix()
+    except ValueError:
+        return ""
 
 
 def _passed_over(cfg: DictConfig, job_dir: Path, why: str) -> JobReturn:
