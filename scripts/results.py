@@ -79,7 +79,7 @@ def reason_of(log: Path) -> tuple[str, str]:
 
 
 def collect_runs(sweep: Path, task: str) -> dict:
-    runs, gpu_s = {}, gpu_seconds(sweep)
+    runs, gpu_s, wall_s = {}, gpu_seconds(sweep), completed_walls(sweep)
     for run in sorted(p for p in sweep.glob("*-*/*") if p.is_dir()):
         pair, name = run.parent.name, run.name
         backbone, _, pe = pair.partition("-")
@@ -106,6 +106,8 @@ def collect_runs(sweep: Path, task: str) -> dict:
             entry["lr"] = lr
         if r is not None and f"{pair}/{name}" in gpu_s:  # what the status table's time left is estimated from
             entry["gpu_s"] = round(gpu_s[f"{pair}/{name}"], 1)
+        if r is not None and f"{pair}/{name}" in wall_s:  # the launcher's expected length (hydra.launcher.finish_by)
+            entry["wall_s"] = round(wall_s[f"{pair}/{name}"], 1)
         runs[f"{pair}/{name}"] = entry
     return runs
 
@@ -123,10 +125,7 @@ def gpu_seconds(sweep: Path) -> dict[str, float]:
             o = dict(x.split("=", 1) for x in r["overrides"] if "=" in x)
             if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED"):
                 continue
-            seed = o.get("seed", "0")
-            name = f"lr{float(o['optim.lr'])}-s{seed}" if "optim.lr" in o else f"best-s{seed}"
-            mine = log.parent == sweep and {"backbone", "pe"} <= set(o)
-            key = f"{o['backbone']}-{o['pe']}/{name}" if mine else None
+            key = run_key(o) if log.parent == sweep else None
             spans.setdefault((r.get("host"), r["gpu"]), []).append((r["start"], r["start"] + r["wall_s"], key))
     cost: dict[str, float] = {}
     for jobs in spans.values():
@@ -135,6 +134,27 @@ def gpu_seconds(sweep: Path) -> dict[str, float]:
                 together = sum(max(0.0, min(b, d) - max(a, c)) for c, d, _ in jobs)  # itself included
                 cost[key] = cost.get(key, 0.0) + (b - a) ** 2 / together
     return cost
+
+
+def run_key(overrides: dict) -> str | None:
+    """The run folder a launcher.jsonl row's job writes, as the results sweeps' hydra.sweep.subdir names it
+    (`<backbone>-<pe>/lr<lr>-s<seed>`, `.../best-s<seed>`); None for a job of another layout."""
+    if not {"backbone", "pe"} <= set(overrides):
+        return None
+    seed = overrides.get("seed", "0")
+    name = f"lr{float(overrides['optim.lr'])}-s{seed}" if "optim.lr" in overrides else f"best-s{seed}"
+    return f"{overrides['backbone']}-{overrides['pe']}/{name}"
+
+
+def completed_walls(sweep: Path) -> dict[str, float]:
+    """Each run's wall time in its sweep's launcher.jsonl: that of the job that completed it (a paused run's last)."""
+    walls = {}
+    log = sweep / "launcher.jsonl"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        r = json.loads(line)
+        if r["status"] == "COMPLETED" and (key := run_key(dict(x.split("=", 1) for x in r["overrides"] if "=" in x))):
+            walls[key] = r["wall_s"]
+    return walls
 
 
 def grid_lrs(runs: dict) -> set[float]:

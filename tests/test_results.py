@@ -17,13 +17,14 @@ from duality.common.grid import best_lr
 TINY = ["train.device=cpu", "logger=none", "model.d_model=32", "data.train_examples=256", "data.test_examples=32",
         "train.batch_size=64", "train.micro_batch=64", "train.epochs=1", "train.eval_interval=2",
         "train.progress=false", "hydra.launcher.gpus=[]", "hydra.launcher.per_gpu=2"]
+NO_RECORD = "hydra.launcher.record=null"  # the results configs' record is the page's (docs/results/<task>.json)
 
 
 def _sweep(sweep_dir, *args, timeout=600, record=None):
-    """A tiny sweep; the results configs' record (docs/results/<task>.json, the page's) is left out unless given."""
+    """A tiny sweep, without the page's record unless one is given."""
     return subprocess.run([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep_dir}",
-                           f"hydra.launcher.record={record or 'null'}", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                           f"hydra.launcher.record={record}" if record else NO_RECORD, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def _rows(sweep_dir):
@@ -340,7 +341,7 @@ def test_two_launches_into_one_sweep_folder_at_once_each_run_their_own_jobs(tmp_
     sweep = tmp_path / "both"
     both = ["sweep=results_mqar", "backbone=transformer", "pe=nope", "hydra.launcher.per_gpu=1",
             "hydra.sweep.subdir=lr${optim.lr}-e${train.epochs}"]
-    first = subprocess.Popen([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep}", *both,
+    first = subprocess.Popen([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep}", *both, NO_RECORD,
                               "optim.lr=1e-3", "train.epochs=20,1"], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
@@ -377,8 +378,9 @@ def test_two_launches_on_one_gpu_run_per_gpu_jobs_at_once_together(tmp_path):
     ran its own per_gpu: the GPU ran two)."""
     args = ["sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "hydra.launcher.gpus=[7]",
             "hydra.launcher.per_gpu=1", f"hydra.launcher.slots_dir={tmp_path / 'slots'}"]
-    first = subprocess.Popen([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={tmp_path / 'a'}", *args,
-                              "optim.lr=1e-3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={tmp_path / 'a'}", NO_RECORD,
+                              *args, "optim.lr=1e-3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
     try:
         second = _sweep(tmp_path / "b", *args, "optim.lr=3e-3")
         out, _ = first.communicate(timeout=600)
@@ -393,17 +395,30 @@ def test_two_launches_on_one_gpu_run_per_gpu_jobs_at_once_together(tmp_path):
 
 
 def test_a_jobs_expected_length_is_the_longest_completed_of_its_backbone_else_of_any(tmp_path):
+    """hydra.launcher.finish_by's estimate: launcher.jsonl's completed jobs, read again as the file grows (a launch
+    beside this one writes it too), and the record's runs (earlier leases' folders gone): wall_s, else gpu_s times
+    the jobs sharing a GPU."""
     from hydra_plugins.duality_launcher.gpus import Lengths
     jsonl = tmp_path / "launcher.jsonl"
-    assert Lengths(jsonl).expected(["backbone=gla"]) is None  # nothing to go by: the job starts
-    rows = [("gla", "COMPLETED", 100.0), ("gla", "COMPLETED", 300.0), ("gla", "FAILED", 900.0),
-            ("path", "PAUSED", 1000.0), ("transformer", "COMPLETED", 50.0), ("path", "DONE_BEFORE", 0.0)]
-    jsonl.write_text("".join(json.dumps({"overrides": [f"backbone={b}", "seed=0"], "status": s, "wall_s": w}) + "\n"
-                             for b, s, w in rows))
     lengths = Lengths(jsonl)
+    assert lengths.expected(["backbone=gla"]) is None  # nothing to go by: the job starts
+
+    def rows(*rs):
+        return "".join(json.dumps({"overrides": [f"backbone={b}", "seed=0"], "status": s, "wall_s": w}) + "\n"
+                       for b, s, w in rs)
+    jsonl.write_text(rows(("gla", "COMPLETED", 100.0), ("gla", "COMPLETED", 300.0), ("gla", "FAILED", 900.0),
+                          ("path", "PAUSED", 1000.0), ("transformer", "COMPLETED", 50.0), ("path", "DONE_BEFORE", 0.0)))
     assert [lengths.expected([f"backbone={b}", "seed=1"]) for b in ("gla", "transformer", "path")] == [300, 50, 300]
-    lengths.add(["backbone=path"], 1050.0)
+    with open(jsonl, "a") as f:  # another launch's job completed since, and a third's row is half written
+        f.write(rows(("path", "COMPLETED", 1050.0)) + rows(("sympow", "COMPLETED", 2000.0))[:30])
     assert lengths.expected(["backbone=path"]) == 1050 and lengths.expected(["backbone=sympow"]) == 1050
+    with open(jsonl, "a") as f:
+        f.write(rows(("sympow", "COMPLETED", 2000.0))[30:])
+    assert lengths.expected(["backbone=sympow"]) == 2000
+    record = [{"backbone": "mamba2", "wall_s": 700.0, "gpu_s": 60.0}, {"backbone": "retnet", "gpu_s": 50.0},
+              {"backbone": "retnet", "gpu_s": 40.0}, {"backbone": "gla", "status": "refused"}]
+    lengths = Lengths(tmp_path / "none.jsonl", record, per_gpu=8)
+    assert [lengths.expected([f"backbone={b}"]) for b in ("mamba2", "retnet", "gla")] == [700, 400, 700]
 
 
 @pytest.mark.slow
@@ -546,6 +561,8 @@ def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tm
     (sweep / "gla-nope" / "lr0.0005-s0").mkdir(parents=True)
     runs = results.collect_runs(sweep, "mqar")
     assert runs["fox-nope/lr0.0005-s0"]["gpu_s"] == 199.4 and "gpu_s" not in runs["gla-nope/lr0.0005-s0"]
+    assert runs["fox-nope/lr0.0005-s0"]["wall_s"] == 800 and "wall_s" not in runs["gla-nope/lr0.0005-s0"]
+    assert results.completed_walls(sweep)["deltanet-nope/lr0.0005-s0"] == 300  # the job that completed it
     # another task's sweep beside it (its folder next to this one) shares the GPU: its jobs count as neighbours
     # there, not as this sweep's runs; a row naming another host is another machine's GPU 0
     (tmp_path / "retrieval").mkdir()

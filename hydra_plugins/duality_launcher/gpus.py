@@ -19,9 +19,11 @@ job that is over leaves in its folder: task_eval.json, and nonfinite.json where 
 are gone (a machine wiped between leases, another cluster's scratch) continues from what the record already has.
 `start_by` (seconds after the launch) starts no job after it and lets the running ones finish: the end of a lease,
 where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch) starts a job
-only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl, the
-longest completed job of the same backbone (else of any backbone; a job with nothing to go by starts), so a lease's
-last minutes still run the short jobs and no long one is started to be lost. `precheck` (a function's dotted name,
+only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl (every
+launch's into the sweep folder, read as it grows) and the record's runs, the longest completed job of the same
+backbone (else of any backbone; a job with nothing to go by starts), so a lease's last minutes still run the short
+jobs and no long one is started to be lost. The three count from the launch's start, before its jobs' payloads are
+made (81 s for a results sweep's 216 jobs on a 2-core CPU). `precheck` (a function's dotted name,
 the job's config -> why it cannot run, or None) fails a job before its process starts, with `error: <why>` in its
 job.log, taking no GPU place: the repo's is the model's refusal of a backbone x scheme pair, which a results sweep
 meets for half its jobs (10 s of a GPU place each before). Each job is Hydra's own multirun job
@@ -49,7 +51,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
@@ -89,6 +91,7 @@ class GPUsLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import cloudpickle
 
+        now = time.time()  # deadline, start_by and finish_by count from here, before the jobs' payloads are made
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -117,11 +120,11 @@ class GPUsLauncher(Launcher):
             todo.put((idx, list(overrides), cfg, job_dir, payload))
         results: dict[int, JobReturn] = {}
         lock = threading.Lock()
-        now = time.time()
         end = None if self.deadline is None else now + self.deadline
         last_start = min(end or float("inf"), float("inf") if self.start_by is None else now + self.start_by)
         finish_at = None if self.finish_by is None else now + self.finish_by
-        lengths = Lengths(sweep_dir / "launcher.jsonl")
+        runs = record_runs(self.record)
+        lengths = Lengths(sweep_dir / "launcher.jsonl", runs.values(), self.per_gpu)
         # the job imports this module by name: where it is found only from its folder (the repo on PYTHONPATH, not
         # installed), that folder goes on the job's path
         here = str(Path(__file__).resolve().parents[2])
@@ -130,12 +133,10 @@ class GPUsLauncher(Launcher):
         ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
         host = socket.gethostname()  # with the GPU, which device a job ran on (scripts/results.py: a run's GPU cost)
         refusal = _function(self.precheck) if self.precheck else (lambda cfg: None)
-        recorded = over_in_record(self.record)
+        recorded = {key for key, r in runs.items() if r.get("status") in ("finished", "diverged")}
 
         def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
             ended.setdefault(status, []).append(job_dir)
-            if status == "COMPLETED":
-                lengths.add(overrides, time.time() - start)
             with open(sweep_dir / "launcher.jsonl", "a") as f:
                 f.write(json.dumps({"job": idx, "host": host, "gpu": gpu, "overrides": overrides,
                                     "start": round(start, 3), "wall_s": round(time.time() - start, 3), "status": status,
@@ -246,26 +247,44 @@ class Slot:
 
 
 class Lengths:
-    """How long a job is expected to take: the longest COMPLETED job of its backbone in launcher.jsonl (this launch's
-    and earlier ones'), else the longest of any; None before any job completed. (The backbone sets a run's cost in
-    this repo's sweeps; its lr and seed hardly do.)"""
+    """How long a job is expected to take: the longest COMPLETED job of its backbone in launcher.jsonl, every launch's
+    into this sweep folder (read again as it grows, so a grid and its seeds launched side by side go by each other's
+    runs), or in the record's runs (hydra.launcher.record: the folders of earlier leases may be gone); else the longest
+    of any; None with nothing to go by. (The backbone sets a run's cost in this repo's sweeps; its lr and seed hardly
+    do.) A record's run gives its wall_s, or where it has none (collected before wall_s was) its gpu_s (its share of
+    the GPU's seconds, scripts/results.py) times per_gpu: its wall time beside per_gpu - 1 others."""
 
-    def __init__(self, jsonl: Path):
+    def __init__(self, jsonl: Path, record_runs: Iterable[dict] = (), per_gpu: int = 1):
+        self.jsonl, self.read_to = jsonl, 0
         self.longest: dict[str | None, float] = {}
-        rows = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()] if jsonl.is_file() else []
-        for row in rows:
-            if row.get("status") == "COMPLETED":
-                self.add(row["overrides"], row["wall_s"])
+        for r in record_runs:
+            wall = r.get("wall_s") or (r["gpu_s"] * per_gpu if r.get("gpu_s") else None)
+            if wall and r.get("backbone"):
+                self._put(r["backbone"], wall)
 
     @staticmethod
     def kind(overrides: Sequence[str]) -> str | None:
         return next((o.partition("=")[2] for o in overrides if o.startswith("backbone=")), None)
 
-    def add(self, overrides: Sequence[str], seconds: float) -> None:
-        k = self.kind(overrides)
-        self.longest[k] = max(self.longest.get(k, 0.0), seconds)
+    def _put(self, kind: str | None, seconds: float) -> None:
+        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
+
+    def _read(self) -> None:
+        """The rows launcher.jsonl gained since the last read (whole lines only: another launch may be writing one)."""
+        if not self.jsonl.is_file():
+            return
+        with open(self.jsonl, "rb") as f:
+            f.seek(self.read_to)
+            new = f.read()
+        new = new[:new.rfind(b"\n") + 1]
+        self.read_to += len(new)
+        for line in new.decode().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("status") == "COMPLETED":
+                self._put(self.kind(row["overrides"]), row["wall_s"])
 
     def expected(self, overrides: Sequence[str]) -> float | None:
+        self._read()
         return self.longest.get(self.kind(overrides), max(self.longest.values(), default=None))
 
 
@@ -321,17 +340,16 @@ def _job_return(cfg: DictConfig, job_dir: Path, status: JobStatus, value) -> Job
     return ret
 
 
-def over_in_record(record: str | Path | None) -> set[str]:
-    """The runs a results record (docs/results/<task>.json, scripts/results.py) holds as over, finished or diverged,
-    by folder relative to the sweep's (`<backbone>-<pe>/lr<lr>-s<seed>`); none without a record or where the file is
-    absent (a task's first launch)."""
+def record_runs(record: str | Path | None) -> dict[str, dict]:
+    """A results record's runs (docs/results/<task>.json, scripts/results.py), by folder relative to the sweep's
+    (`<backbone>-<pe>/lr<lr>-s<seed>`): each with its status (the launcher passes over those finished or diverged) and
+    its wall time; none without a record or where the file is absent (a task's first launch)."""
     if record is None:
-        return set()
+        return {}
     from hydra.utils import to_absolute_path
 
     path = Path(to_absolute_path(str(record)))
-    runs = json.loads(path.read_text())["runs"] if path.is_file() else {}
-    return {key for key, r in runs.items() if r.get("status") in ("finished", "diverged")}
+    return json.loads(path.read_text())["runs"] if path.is_file() else {}
 
 
 def _relative(job_dir: Path, sweep_dir: Path) -> str:
