@@ -4,9 +4,11 @@ hydra/launcher=gpus (deadline, skip_done), collected by scripts/results.py into 
 with MQAR at a size that trains in seconds."""
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -639,3 +641,37 @@ def test_the_launchers_precheck_refuses_a_pair_as_its_process_would_and_a_bad_pr
     assert r.returncode == 1 and "[launcher] job" in log and f"error: {refusal(refused)}" in log
     r = _sweep(tmp_path / "bad", "sweep=results_mqar", "backbone=gla", "pe=rope", "hydra.launcher.precheck=no.such")
     assert r.returncode == 1 and "hydra.launcher.precheck=no.such: no such function" in r.stderr
+
+
+@pytest.mark.slow
+def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_allocation_goes_on(tmp_path):
+    """scripts/results_sweeps.sh SECONDS mqar, twice (two allocations): the first trains the grid, and the seeds
+    launch beside it trains a pair's seeds if its grid finished in time, else leaves best_lr's reason (exit 1); the
+    second passes over what is done and trains the rest at the grid's best lr. A task that is none is refused before
+    any launch."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OUT": str(tmp_path),
+           "EXTRA": " ".join([*TINY, NO_RECORD, "backbone=transformer", "pe=rope"])}
+
+    def allocation(*tasks):
+        return subprocess.run(["bash", "scripts/results_sweeps.sh", "600", *tasks], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+    r = allocation("mqar", "copying")
+    assert r.returncode == 2 and "no task copying: choose from mqar retrieval s2" in r.stderr
+    assert not any(tmp_path.iterdir())
+    r = allocation("mqar")
+    assert "[hydra] 3 jobs: 3 completed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    seeds_done = "[hydra] 2 jobs: 2 completed" in r.stdout
+    log = (tmp_path / "mqar" / "transformer-rope" / "best-s1" / "job.log").read_text()
+    assert (r.returncode, seeds_done) == (0, True) or \
+        (r.returncode == 1 and "best_lr: transformer-rope in" in log and "the same command without _seeds" in log)
+    r = allocation("mqar")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "[hydra] 3 jobs: 3 done before" in r.stdout  # and (exit 0) no seeds job failed
+    assert not seeds_done or "[hydra] 2 jobs: 2 done before" in r.stdout
+    grid = {lr: json.loads((tmp_path / "mqar" / "transformer-rope" / f"lr{lr}-s0" / "task_eval.json").read_text())
+            for lr in (0.001, 0.003, 0.01)}
+    best = max(grid, key=lambda lr: (grid[lr]["val_acc"], -grid[lr]["val_loss"]))
+    for seed in (1, 2):
+        run = json.loads((tmp_path / "mqar" / "transformer-rope" / f"best-s{seed}" / "task_eval.json").read_text())
+        assert run["config"]["optim"]["lr"] == best and run["config"]["seed"] == seed
+    assert (tmp_path / "mqar-grid.log").is_file() and (tmp_path / "mqar-seeds.log").is_file()
