@@ -308,10 +308,11 @@ def test_a_sweeps_deadline_checkpoints_the_running_jobs_and_starts_no_more(tmp_p
 
 @pytest.mark.slow
 def test_a_sweeps_start_by_lets_the_running_job_finish_and_starts_no_more(tmp_path):
-    """hydra.launcher.start_by (a lease's end): the job running then finishes, the one waiting is not started."""
+    """hydra.launcher.start_by (a lease's end): the job running then finishes, the one waiting is not started (3 s
+    from the launcher's start: the first job starts within it, the second after the first's several seconds)."""
     sweep = tmp_path / "short"
     r = _sweep(sweep, "sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "optim.lr=1e-3",
-               "hydra.launcher.per_gpu=1", "hydra.launcher.start_by=1")
+               "hydra.launcher.per_gpu=1", "hydra.launcher.start_by=3")
     assert r.returncode == 0, r.stderr[-2000:]
     status = {x["overrides"][1]: x for x in _rows(sweep)}
     assert (status["pe=nope"]["status"], status["pe=nope"]["wall_s"] > 1) == ("COMPLETED", True)

@@ -22,11 +22,13 @@ where a paused job's checkpoint would be lost with the machine. `finish_by` (sec
 only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl (every
 launch's into the sweep folder, read as it grows) and the record's runs, the longest completed job of the same
 backbone (else of any backbone; a job with nothing to go by starts), so a lease's last minutes still run the short
-jobs and no long one is started to be lost. The three count from the launch's start, before its jobs' payloads are
-made (81 s for a results sweep's 216 jobs on a 2-core CPU). `precheck` (a function's dotted name,
-the job's config -> why it cannot run, or None) fails a job before its process starts, with `error: <why>` in its
-job.log, taking no GPU place: the repo's is the model's refusal of a backbone x scheme pair, which a results sweep
-meets for half its jobs (10 s of a GPU place each before). Each job is Hydra's own multirun job
+jobs and no long one is started to be lost. The three count from the launcher's start, which Hydra makes before
+its sweeper composes every job's config to check it (50 s for a results sweep's 216 jobs on a 2-core CPU); the
+launcher composes a job's config again when a GPU place takes it, not all first (another 40 s of idle GPUs).
+`precheck` (a function's dotted name, the job's config -> why it cannot run, or None) fails a job before its process
+starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a backbone x
+scheme pair, which a results sweep meets for half its jobs (10 s of a GPU place each before). Each job is Hydra's
+own multirun job
 (its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any job failed (e.g.
 a pair the model refuses), the launch ends after its summary with one line and exit code 1, not the traceback of
 the first failed job that Hydra's basic sweeper would print. The job is handed over with
@@ -83,6 +85,9 @@ class GPUsLauncher(Launcher):
         self.slots_dir = Path(slots_dir or Path(tempfile.gettempdir()) / f"duality-gpu-slots-{os.getuid()}")
         self.precheck = precheck
         self.record = record
+        # Hydra makes the launcher before its sweeper composes every job's config to check it (~50 s for a results
+        # sweep's 216 jobs on a 2-core CPU): the launch's clock starts here, nearer the command's own start
+        self.created = time.time()
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -91,7 +96,7 @@ class GPUsLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import cloudpickle
 
-        now = time.time()  # deadline, start_by and finish_by count from here, before the jobs' payloads are made
+        now = self.created  # deadline, start_by and finish_by count from the launcher's start
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -109,17 +114,20 @@ class GPUsLauncher(Launcher):
                  f"{self.per_gpu} at once on each, {omp} CPU threads each")
         todo: queue.Queue = queue.Queue()
         for i, overrides in enumerate(job_overrides):
-            idx = initial_job_idx + i
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            todo.put((initial_job_idx + i, list(overrides)))
+        results: dict[int, JobReturn] = {}
+        lock = threading.Lock()
+        composing = threading.Lock()  # Hydra's config loader, one job at a time
+
+        def compose(idx: int, overrides: list[str]) -> tuple[DictConfig, Path]:
+            """A job's config and folder, when a worker takes it: a results sweep's 216 took 81 s on a 2-core CPU,
+            which, made before the first job, kept the GPUs idle as long."""
+            with composing:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
             with open_dict(cfg):
                 cfg.hydra.job.id = idx
                 cfg.hydra.job.num = idx
-            job_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-            payload = payloads / f"{idx}.pkl"
-            payload.write_bytes(cloudpickle.dumps((self.hydra_context, self.task_function, cfg, Singleton.get_state())))
-            todo.put((idx, list(overrides), cfg, job_dir, payload))
-        results: dict[int, JobReturn] = {}
-        lock = threading.Lock()
+            return cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         end = None if self.deadline is None else now + self.deadline
         last_start = min(end or float("inf"), float("inf") if self.start_by is None else now + self.start_by)
         finish_at = None if self.finish_by is None else now + self.finish_by
@@ -145,16 +153,16 @@ class GPUsLauncher(Launcher):
         def worker(gpu):
             while True:
                 try:
-                    idx, overrides, cfg, job_dir, payload = todo.get_nowait()
+                    idx, overrides = todo.get_nowait()
                 except queue.Empty:
                     return
+                cfg, job_dir = compose(idx, overrides)
                 done = any((job_dir / name).exists() for name in self.skip_done) or \
                     _relative(job_dir, sweep_dir) in recorded
                 if not done and (why := refusal(cfg)):  # fails as its process would, without one or a GPU place
                     job_dir.mkdir(parents=True, exist_ok=True)
                     with open(job_dir / "job.log", "a") as out:
                         out.write(f"[launcher] precheck {self.precheck}: the job was not started\nerror: {why}\n")
-                    payload.unlink(missing_ok=True)
                     with lock:
                         results[idx] = _job_return(cfg, job_dir, JobStatus.FAILED, ValueError(why))
                         note(idx, gpu, overrides, time.time(), "FAILED", 2, job_dir)
@@ -167,7 +175,6 @@ class GPUsLauncher(Launcher):
                 if done or late or time.time() >= last_start:
                     if slot:
                         slot.free()
-                    payload.unlink(missing_ok=True)
                     why = "done" if done else f"expected to take {expected:.0f} s, past finish_by" if late else \
                         "no time to start"
                     with lock:  # passed over: done before, or no time left to start or finish (the next launch)
@@ -175,6 +182,10 @@ class GPUsLauncher(Launcher):
                         note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
                     continue
                 job_dir.mkdir(parents=True, exist_ok=True)
+                payload = payloads / f"{idx}.pkl"
+                with composing:  # Hydra's singletons' state, as the job's process is to have it
+                    state = cloudpickle.dumps((self.hydra_context, self.task_function, cfg, Singleton.get_state()))
+                payload.write_bytes(state)
                 env = {**os.environ, "OMP_NUM_THREADS": omp, "PYTHONPATH": pythonpath}
                 if gpu is not None:
                     env["CUDA_VISIBLE_DEVICES"] = str(gpu)
