@@ -321,6 +321,19 @@ def test_a_sweeps_start_by_lets_the_running_job_finish_and_starts_no_more(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_sweeps_clock_starts_with_the_launcher_before_hydra_checks_every_jobs_config(tmp_path):
+    """start_by (and deadline, finish_by) count from the launcher's start: Hydra's sweeper then composes each of the
+    72 jobs' configs to check them (several seconds) before the launch, so with start_by=2 no job starts (counted
+    from the launch, every accepted one would have)."""
+    sweep = tmp_path / "late"
+    r = _sweep(sweep, "sweep=results_mqar", "backbone=transformer,fox,gla,deltanet,retnet,mamba2",
+               "pe=nope,rope,selective_rope,alibi", "hydra.launcher.start_by=2")
+    assert r.returncode == 1, r.stderr[-2000:]  # the refused pairs' jobs fail (the precheck), the rest never start
+    status = [x["status"] for x in _rows(sweep)]
+    assert len(status) == 72 and set(status) == {"NOT_STARTED", "FAILED"} and status.count("FAILED") == 15
+
+
+@pytest.mark.slow
 def test_a_sweeps_finish_by_passes_over_a_job_expected_to_end_past_it_and_starts_the_next(tmp_path):
     """hydra.launcher.finish_by (a lease's end): GLA took 5,000 s before (launcher.jsonl), so with 600 s left its job
     is not started, and the transformer's (2 s before), next in the queue, runs."""
