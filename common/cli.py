@@ -93,12 +93,8 @@ def _best_lr(metric: str, *, _root_) -> float:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         raise ConfigError("optim.lr=${best_lr:...} is a results sweep's seeds' learning rate, read from its grid's "
                           "runs: run it as a sweep (python train.py -m sweep=results_<task>_seeds), or give optim.lr")
-    from hydra.utils import to_absolute_path
-
-    hc = HydraConfig.get()
-    record = hc.launcher.get("record")  # hydra/launcher=gpus: the results record the sweep continues from
-    return best_lr(hc.sweep.dir, f"{_root_.backbone.name}-{_root_.pe.name}", metric,
-                   None if record is None else to_absolute_path(str(record)))
+    hc = HydraConfig.get()  # hydra/launcher=gpus's record: the results record the sweep continues from
+    return best_lr(hc.sweep.dir, f"{_root_.backbone.name}-{_root_.pe.name}", metric, hc.launcher.get("record"))
 
 
 def cli(run_fn, config_name: str, script: str | None = None):

@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from hydra_plugins.duality_launcher.gpus import error_line
+from hydra_plugins.duality_launcher.gpus import OVER, error_line, record_runs
 
 from .errors import ConfigError
 
@@ -73,14 +73,13 @@ def choose(done: dict[float, dict], metric: str = "val_acc") -> float | None:
     return max(ok, key=lambda lr: (ok[lr].get(metric) or 0.0, -(ok[lr].get("val_loss") or float("inf"))))
 
 
-def recorded_grid(record: dict | None, pair: str) -> tuple[dict[float, dict], set[float]]:
-    """From a results record (docs/results/<task>.json): {lr: run} of the pair's seed-0 grid runs that are over (a
-    run's entry holds the metric and val_loss `choose` reads; a diverged one's status), and every lr any grid run of
-    the record names."""
-    runs = (record or {}).get("runs", {})
+def recorded_grid(runs: dict, pair: str) -> tuple[dict[float, dict], set[float]]:
+    """From a results record's runs (docs/results/<task>.json): {lr: run} of the pair's seed-0 grid runs that are over
+    (a run's entry holds the metric and val_loss `choose` reads; a diverged one's status), and every lr any grid run
+    of the record names."""
     grid = {r["lr"] for r in runs.values() if r.get("stage") == "grid" and "lr" in r}
     done = {r["lr"]: r for key, r in runs.items() if key.split("/")[0] == pair and r.get("stage") == "grid"
-            and r.get("status") in ("finished", "diverged")}
+            and r.get("status") in OVER}
     return done, grid
 
 
@@ -89,8 +88,7 @@ def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc", record: s
     a results record, the record's too (a folder's outcome wins), so the seeds run where the grid's folders are gone."""
     pair_dir = Path(sweep_dir) / pair
     done, missing = grid_runs(pair_dir)
-    rec = json.loads(Path(record).read_text()) if record is not None and Path(record).is_file() else None
-    in_record, record_grid = recorded_grid(rec, pair)
+    in_record, record_grid = recorded_grid(record_runs(record), pair)
     missing = [m for m in missing if lr_of(m.name) not in in_record]
     done = {**in_record, **done}
     absent = sorted((grid_of(Path(sweep_dir)) | record_grid) - set(done) - {lr_of(m.name) for m in missing})
