@@ -5,9 +5,11 @@
 # (hydra.launcher.finish_by, from the run lengths in launcher.jsonl and the record), each sweep going on from where
 # its folders and its record (docs/results/<task>.json) left it. Run it again in the next allocation.
 #   bash scripts/results_sweeps.sh SECONDS [TASK ...]     TASK: s2, retrieval, mqar (default: s2 retrieval)
-# EXTRA: more Hydra overrides for every launch (e.g. hydra.launcher.per_gpu=12); OUT: where the sweep folders go
-# (default outputs/results, the configs' own), with each launch's log, OUT/<task>-{grid,seeds}.log. A seeds job whose
-# pair's grid has not finished fails in seconds with best_lr's reason and runs in a later allocation. Then:
+# EXTRA: more Hydra overrides for every launch (e.g. hydra.launcher.per_gpu=12); SWEEPS_DIR: where the sweep folders
+# go (default outputs/results, the configs' own), with each launch's log, SWEEPS_DIR/<task>-{grid,seeds}.log. (Not
+# OUT, its first name: a job environment's own OUT, e.g. a lease's output folder, once sent the sweeps there.) A
+# seeds job whose pair's grid has not finished fails in seconds with best_lr's reason and runs in a later
+# allocation. Then:
 #   python scripts/results.py collect <task> outputs/results/<task> --device ...   (the page's record)
 set -uo pipefail
 seconds=${1:?usage: results_sweeps.sh SECONDS [TASK ...]}
@@ -16,7 +18,7 @@ tasks=("$@")
 [ ${#tasks[@]} -eq 0 ] && tasks=(s2 retrieval)
 [[ "$seconds" =~ ^[0-9]+$ && "$seconds" -gt 90 ]] || { echo "SECONDS=$seconds: the allocation's length, > 90" >&2; exit 2; }
 end=$(( $(date +%s) + seconds - 90 ))
-out=${OUT:-outputs/results}
+out=${SWEEPS_DIR:-outputs/results}
 cd "$(dirname "$0")/.."
 for t in "${tasks[@]}"; do
   [ -f "conf/sweep/results_${t}.yaml" ] || { echo "no task $t: choose from $(ls conf/sweep/results_*_seeds.yaml |

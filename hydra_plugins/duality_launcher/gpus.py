@@ -21,10 +21,11 @@ are gone (a machine wiped between leases, another cluster's scratch) continues f
 where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch) starts a job
 only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl (every
 launch's into the sweep folder, read as it grows) and the record's runs, the longest completed job of the same
-backbone (else of any backbone; a job with nothing to go by starts), so a lease's last minutes still run the short
-jobs and no long one is started to be lost. The three count from the launcher's start, which Hydra makes before
-its sweeper composes every job's config to check it (50 s for a results sweep's 216 jobs on a 2-core CPU); the
-launcher composes a job's config again when a GPU place takes it, not all first (another 40 s of idle GPUs).
+backbone (else the median of the backbones' longest; a job with nothing to go by starts), so a lease's last
+minutes still run the short jobs and no long one is started to be lost. The three count from the launcher's
+start, which Hydra makes before its sweeper composes every job's config to check it (50 s for a results sweep's 216
+jobs on a 2-core CPU); the launcher composes a job's config again when a GPU place takes it, not all first (another
+40 s of idle GPUs).
 `precheck` (a function's dotted name, the job's config -> why it cannot run, or None) fails a job before its process
 starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a backbone x
 scheme pair, which a results sweep meets for half its jobs (10 s of a GPU place each before). Each job is Hydra's
@@ -47,6 +48,7 @@ import queue
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -261,8 +263,10 @@ class Slot:
 class Lengths:
     """How long a job is expected to take: the longest COMPLETED job of its backbone in launcher.jsonl, every launch's
     into this sweep folder (read again as it grows, so a grid and its seeds launched side by side go by each other's
-    runs), or in the record's runs (hydra.launcher.record: the folders of earlier leases may be gone); else the longest
-    of any; None with nothing to go by. (The backbone sets a run's cost in this repo's sweeps; its lr and seed hardly
+    runs), or in the record's runs (hydra.launcher.record: the folders of earlier leases may be gone); for a backbone
+    with none, the median of the backbones' longest (their longest, PaTH's 1,900 s at 12 a GPU, kept every backbone
+    not run yet from starting in a 27-minute lease: the median lets one start, and its own length counts once it
+    ends); None with nothing to go by. (The backbone sets a run's cost in this repo's sweeps; its lr and seed hardly
     do.) A record's run gives its wall_s, or where it has none (collected before wall_s was) its gpu_s (its share of
     the GPU's seconds, scripts/results.py) times per_gpu: its wall time beside per_gpu - 1 others."""
 
@@ -297,7 +301,8 @@ class Lengths:
 
     def expected(self, overrides: Sequence[str]) -> float | None:
         self._read()
-        return self.longest.get(self.kind(overrides), max(self.longest.values(), default=None))
+        known = self.longest.get(self.kind(overrides))
+        return known if known is not None else (statistics.median(self.longest.values()) if self.longest else None)
 
 
 def summary(ended: dict[str, list], sweep_dir: Path) -> str:
