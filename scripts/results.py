@@ -120,12 +120,10 @@ def gpu_seconds(sweep: Path) -> dict[str, float]:
     same host's GPU (rows before 2026-11-30 name no host: their GPU index alone)."""
     spans: dict[tuple, list] = {}  # (host, gpu) -> [(start, end, run key or None for another sweep's job)]
     for log in [sweep / "launcher.jsonl", *(p for p in sweep.parent.glob("*/launcher.jsonl") if p.parent != sweep)]:
-        for line in log.read_text().splitlines() if log.exists() else []:
-            r = json.loads(line)
-            o = dict(x.split("=", 1) for x in r["overrides"] if "=" in x)
+        for r, key in launcher_rows(log):
             if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED"):
                 continue
-            key = run_key(o) if log.parent == sweep else None
+            key = key if log.parent == sweep else None
             spans.setdefault((r.get("host"), r["gpu"]), []).append((r["start"], r["start"] + r["wall_s"], key))
     cost: dict[str, float] = {}
     for jobs in spans.values():
@@ -146,15 +144,17 @@ def run_key(overrides: dict) -> str | None:
     return f"{overrides['backbone']}-{overrides['pe']}/{name}"
 
 
-def completed_walls(sweep: Path) -> dict[str, float]:
-    """Each run's wall time in its sweep's launcher.jsonl: that of the job that completed it (a paused run's last)."""
-    walls = {}
-    log = sweep / "launcher.jsonl"
+def launcher_rows(log: Path):
+    """A launcher.jsonl's rows, each with the run folder its job writes (run_key; None for another layout)."""
     for line in log.read_text().splitlines() if log.exists() else []:
         r = json.loads(line)
-        if r["status"] == "COMPLETED" and (key := run_key(dict(x.split("=", 1) for x in r["overrides"] if "=" in x))):
-            walls[key] = r["wall_s"]
-    return walls
+        yield r, run_key(dict(x.split("=", 1) for x in r["overrides"] if "=" in x))
+
+
+def completed_walls(sweep: Path) -> dict[str, float]:
+    """Each run's wall time in its sweep's launcher.jsonl: that of the job that completed it (a paused run's last)."""
+    return {key: r["wall_s"] for r, key in launcher_rows(sweep / "launcher.jsonl")
+            if r["status"] == "COMPLETED" and key}
 
 
 def grid_lrs(runs: dict) -> set[float]:
