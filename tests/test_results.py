@@ -316,6 +316,7 @@ def test_a_sweeps_start_by_lets_the_running_job_finish_and_starts_no_more(tmp_pa
     assert r.returncode == 0, r.stderr[-2000:]
     status = {x["overrides"][1]: x for x in _rows(sweep)}
     assert (status["pe=nope"]["status"], status["pe=nope"]["wall_s"] > 1) == ("COMPLETED", True)
+    assert status["pe=nope"]["per_gpu"] == 1  # its sharing, which finish_by scales its wall_s from
     assert (sweep / "transformer-nope" / "lr0.001-s0" / "task_eval.json").exists()
     assert status["pe=rope"]["status"] == "NOT_STARTED" and not (sweep / "transformer-rope").exists()
 
@@ -412,9 +413,10 @@ def test_two_launches_on_one_gpu_run_per_gpu_jobs_at_once_together(tmp_path):
 
 def test_a_jobs_expected_length_is_the_longest_completed_of_its_backbone_else_the_median_backbones(tmp_path):
     """hydra.launcher.finish_by's estimate: launcher.jsonl's completed jobs, read again as the file grows (a launch
-    beside this one writes it too), and the record's runs (earlier leases' folders gone): wall_s, else gpu_s times
-    the jobs sharing a GPU. A backbone not run yet goes by the median backbone's longest, not the longest's (which
-    kept the S2 grid's GLA, DeltaNet, Gated DeltaNet and gated Oja runs behind PaTH's in every lease)."""
+    beside this one writes it too), and the record's runs (earlier leases' folders gone), each at the launch's
+    per_gpu: gpu_s times it, else wall_s. A backbone not run yet goes by the median backbone's longest, not the
+    longest's (which kept the S2 grid's GLA, DeltaNet, Gated DeltaNet and gated Oja runs behind PaTH's in every
+    lease)."""
     from hydra_plugins.duality_launcher.gpus import Lengths
     jsonl = tmp_path / "launcher.jsonl"
     lengths = Lengths(jsonl)
@@ -432,10 +434,16 @@ def test_a_jobs_expected_length_is_the_longest_completed_of_its_backbone_else_th
     with open(jsonl, "a") as f:
         f.write(rows(("sympow", "COMPLETED", 2000.0))[30:])
     assert lengths.expected(["backbone=sympow"]) == 2000
+    # at this launch's sharing: a record's gpu_s times per_gpu before its wall_s (run at 12 a GPU, say), a row's
+    # wall_s scaled from its per_gpu (rows written before it had one: as they are)
     record = [{"backbone": "mamba2", "wall_s": 700.0, "gpu_s": 60.0}, {"backbone": "retnet", "gpu_s": 50.0},
-              {"backbone": "retnet", "gpu_s": 40.0}, {"backbone": "gla", "status": "refused"}]
-    lengths = Lengths(tmp_path / "none.jsonl", record, per_gpu=8)
-    assert [lengths.expected([f"backbone={b}"]) for b in ("mamba2", "retnet", "gla")] == [700, 400, 550]
+              {"backbone": "retnet", "gpu_s": 40.0}, {"backbone": "gla", "status": "refused"},
+              {"backbone": "fox", "wall_s": 650.0}]
+    jsonl.write_text(json.dumps({"overrides": ["backbone=path"], "status": "COMPLETED", "wall_s": 1800.0,
+                                 "per_gpu": 12}) + "\n")
+    lengths = Lengths(jsonl, record, per_gpu=8)
+    assert [lengths.expected([f"backbone={b}"]) for b in ("mamba2", "retnet", "fox", "path", "gla")] == \
+        [480, 400, 650, 1200, 565]
 
 
 @pytest.mark.slow

@@ -21,11 +21,11 @@ are gone (a machine wiped between leases, another cluster's scratch) continues f
 where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch) starts a job
 only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl (every
 launch's into the sweep folder, read as it grows) and the record's runs, the longest completed job of the same
-backbone (else the median of the backbones' longest; a job with nothing to go by starts), so a lease's last
-minutes still run the short jobs and no long one is started to be lost. The three count from the launcher's
-start, which Hydra makes before its sweeper composes every job's config to check it (50 s for a results sweep's 216
-jobs on a 2-core CPU); the launcher composes a job's config again when a GPU place takes it, not all first (another
-40 s of idle GPUs).
+backbone, at this launch's per_gpu (else the median of the backbones' longest; a job with nothing to go by starts),
+so a lease's last minutes still run the short jobs and no long one is started to be lost. The three count from the
+launcher's start, which Hydra makes before its sweeper composes every job's config to check it (50 s for a results
+sweep's 216 jobs on a 2-core CPU); the launcher composes a job's config again when a GPU place takes it, not all
+first (another 40 s of idle GPUs).
 `precheck` (a function's dotted name, the job's config -> why it cannot run, or None) fails a job before its process
 starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a backbone x
 scheme pair, which a results sweep meets for half its jobs (10 s of a GPU place each before). Each job is Hydra's
@@ -151,7 +151,7 @@ class GPUsLauncher(Launcher):
             with open(sweep_dir / "launcher.jsonl", "a") as f:
                 f.write(json.dumps({"job": idx, "host": host, "gpu": gpu, "overrides": overrides,
                                     "start": round(start, 3), "wall_s": round(time.time() - start, 3), "status": status,
-                                    "returncode": rc}) + "\n")
+                                    "returncode": rc, "per_gpu": self.per_gpu}) + "\n")
 
         def worker(gpu):
             while True:
@@ -267,14 +267,16 @@ class Lengths:
     with none, the median of the backbones' longest (their longest, PaTH's 1,900 s at 12 a GPU, kept every backbone
     not run yet from starting in a 27-minute lease: the median lets one start, and its own length counts once it
     ends); None with nothing to go by. (The backbone sets a run's cost in this repo's sweeps; its lr and seed hardly
-    do.) A record's run gives its wall_s, or where it has none (collected before wall_s was) its gpu_s (its share of
-    the GPU's seconds, scripts/results.py) times per_gpu: its wall time beside per_gpu - 1 others."""
+    do.) Lengths are at this launch's sharing of a GPU, per_gpu: a record's run gives its gpu_s (its share of the
+    GPU's seconds, scripts/results.py) times per_gpu, else its wall_s; a launcher.jsonl row its wall_s scaled from
+    the row's per_gpu to this one's. (Taken as they were, the S2 PaTH runs' 1,900 s at 12 a GPU kept them from
+    starting at 8, where they took 1,049-1,243 s.)"""
 
     def __init__(self, jsonl: Path, record_runs: Iterable[dict] = (), per_gpu: int = 1):
-        self.jsonl, self.read_to = jsonl, 0
+        self.jsonl, self.read_to, self.per_gpu = jsonl, 0, per_gpu
         self.longest: dict[str | None, float] = {}
         for r in record_runs:
-            wall = r.get("wall_s") or (r["gpu_s"] * per_gpu if r.get("gpu_s") else None)
+            wall = r["gpu_s"] * per_gpu if r.get("gpu_s") else r.get("wall_s")
             if wall and r.get("backbone"):
                 self._put(r["backbone"], wall)
 
@@ -297,7 +299,7 @@ class Lengths:
         for line in new.decode().splitlines():
             row = json.loads(line) if line.strip() else {}
             if row.get("status") == "COMPLETED":
-                self._put(self.kind(row["overrides"]), row["wall_s"])
+                self._put(self.kind(row["overrides"]), row["wall_s"] * self.per_gpu / row.get("per_gpu", self.per_gpu))
 
     def expected(self, overrides: Sequence[str]) -> float | None:
         self._read()
