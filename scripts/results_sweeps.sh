@@ -5,7 +5,9 @@
 # (hydra.launcher.finish_by, from the run lengths in launcher.jsonl and the record), each sweep going on from where
 # its folders and its record (docs/results/<task>.json) left it. Run it again in the next allocation.
 #   bash scripts/results_sweeps.sh SECONDS [TASK ...]     TASK: s2, retrieval, mqar (default: s2 retrieval)
-# EXTRA: more Hydra overrides for every launch (e.g. hydra.launcher.per_gpu=12); SWEEPS_DIR: where the sweep folders
+# EXTRA: more Hydra overrides for every launch (e.g. hydra.launcher.per_gpu=12; a sweep key given there replaces the
+# config's, so "hydra.launcher.per_gpu=8 backbone=path,path_fox" runs those backbones' jobs alone, at 8 a GPU, where
+# their long runs fit in the allocation); SWEEPS_DIR: where the sweep folders
 # go (default outputs/results, the configs' own), with each launch's log, SWEEPS_DIR/<task>-{grid,seeds}.log. (Not
 # OUT, its first name: a job environment's own OUT, e.g. a lease's output folder, once sent the sweeps there.) A
 # seeds job whose pair's grid has not finished fails in seconds with best_lr's reason and runs in a later
