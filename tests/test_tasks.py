@@ -472,3 +472,19 @@ def test_time_limit_pauses_and_resume_finishes(tmp_path):
     assert sorted(set(steps)) == [2, 4, 6, 8, 10, 12]
     with pytest.raises(ConfigError, match="train.time_limit=0: seconds > 0"):
         _st_run(tmp_path, "train.time_limit=0")
+
+
+def test_the_s2_negeig_sweep_gives_the_delta_rule_paths_beta_range():
+    """sweep=s2_negeig: DeltaNet and Gated DeltaNet with beta in (0, 2), PaTH's range, at the S2 grid's protocol, into
+    a folder of its own (not the results record's); each job's model is built with beta_max 2."""
+    from duality.model import build_model
+    for backbone in ("deltanet", "gated_deltanet"):
+        cfg = compose(sweep_job(["sweep=s2_negeig", f"backbone={backbone}"]), hydra_config=True)
+        grid = compose(sweep_job(["sweep=results_s2", f"backbone={backbone}"]), hydra_config=True)
+        assert cfg.backbone.allow_neg_eigval is True and grid.backbone.allow_neg_eigval is False
+        assert (cfg.train, cfg.data, cfg.model) == (grid.train, grid.data, grid.model)
+        assert cfg.hydra.sweeper.params["optim.lr"] == grid.hydra.sweeper.params["optim.lr"] == "1.7e-4,5e-4,1.5e-3"
+        assert cfg.hydra.sweep.dir == "outputs/results/s2_negeig" and cfg.hydra.launcher.record is None
+        model = build_model(cfg.backbone, cfg.pe, cfg.model, vocab_size=8)
+        assert {m.beta_max for m in model.modules() if hasattr(m, "beta_max")} == {2.0}
+    assert compose(["sweep=s2_negeig"], hydra_config=True).hydra.sweeper.params.pe == "nope,rope,selective_rope"
