@@ -353,7 +353,8 @@ def table(task: str) -> str:
     runs = "; ".join(f"{x['date']}, {x['device']}: {x['finished']} runs finished over {x['pairs'] - x['refused']} "
                      f"pairs, {x['refused']} pairs refused by the model ({x['command']}; commit {x['commit']})"
                      for x in s)
-    out += ["", f"Runs: {runs}. Software: {s[-1]['software']}. Record: docs/results/{task}.json (every run's scores, "
+    software = "; ".join(dict.fromkeys(x["software"] for x in s))  # each distinct one once, in the sessions' order
+    out += ["", f"Runs: {runs}. Software: {software}. Record: docs/results/{task}.json (every run's scores, "
             "and the reason of each that did not finish)."]
     return "\n".join(out)
 

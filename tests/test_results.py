@@ -542,7 +542,7 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
     (tmp_path / "mqar.json").write_text(json.dumps({"task": "mqar", "title": "MQAR", "chosen_lr": {"gla-rope": 1e-2},
                                                     "runs": runs, "sessions": [{"date": "d", "device": "x",
                                                     "finished": 4, "pairs": 3, "refused": 1, "command": "c",
-                                                    "commit": "k", "software": "s"}]}))
+                                                    "commit": "k", "software": sw} for sw in ("s", "t", "s")]}))
     rows = [x for x in results.table("mqar").splitlines() if x.startswith("| gla |")]
     # columns: the sweep's schemes (nope, rope, selective_rope, alibi, t5, vo_rope), a pair with no run "not run";
     # 90, 95, 100 -> 95.0 ± 5.0; halved at 512 -> 47.5 ± 2.5
@@ -553,6 +553,7 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
                for x in results.table("mqar").splitlines()) == 3 * 12  # every backbone a row, in each table
     assert results.cell(json.loads((tmp_path / "mqar.json").read_text()), "mamba2", "rope", "at 128 (trained)") == \
         "not run"
+    assert "Software: s; t. Record:" in results.table("mqar")  # every session's software, each once
 
 
 def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tmp_path, monkeypatch):
