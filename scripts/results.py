@@ -115,13 +115,14 @@ def collect_runs(sweep: Path, task: str) -> dict:
 def gpu_seconds(sweep: Path) -> dict[str, float]:
     """Each run folder's cost in seconds of a whole GPU, from the launcher's log (launcher.jsonl): the wall time of
     its jobs (a paused run has several), each over the mean number of jobs on that GPU while it ran (8 side by side
-    for 800 s: 100 s each; a refused job beside it for 10 s hardly counts), counting the jobs of the sweeps beside
-    this one (the other tasks' folders, `<sweep>/../*/launcher.jsonl`: two sweeps sharing a GPU's places) on the
-    same host's GPU (rows before 2026-11-30 name no host: their GPU index alone)."""
+    for 800 s: 100 s each; a job that failed in 10 s beside them hardly counts; a REFUSED one held no place),
+    counting the jobs of the sweeps beside this one (the other tasks' folders, `<sweep>/../*/launcher.jsonl`: two
+    sweeps sharing a GPU's places) on the same host's GPU (rows before 2026-11-30 name no host: their GPU index
+    alone)."""
     spans: dict[tuple, list] = {}  # (host, gpu) -> [(start, end, run key or None for another sweep's job)]
     for log in [sweep / "launcher.jsonl", *(p for p in sweep.parent.glob("*/launcher.jsonl") if p.parent != sweep)]:
         for r, key in launcher_rows(log):
-            if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED"):
+            if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED", "REFUSED"):  # held no place
                 continue
             key = key if log.parent == sweep else None
             spans.setdefault((r.get("host"), r["gpu"]), []).append((r["start"], r["start"] + r["wall_s"], key))

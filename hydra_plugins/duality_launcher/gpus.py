@@ -26,13 +26,13 @@ so a lease's last minutes still run the short jobs and no long one is started to
 launcher's start, which Hydra makes before its sweeper composes every job's config to check it (50 s for a results
 sweep's 216 jobs on a 2-core CPU); the launcher composes a job's config again when a GPU place takes it, not all
 first (another 40 s of idle GPUs).
-`precheck` (a function's dotted name, the job's config -> why it cannot run, or None) fails a job before its process
-starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a backbone x
-scheme pair, which a results sweep meets for half its jobs (10 s of a GPU place each before). Each job is Hydra's
-own multirun job
-(its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any job failed (e.g.
-a pair the model refuses), the launch ends after its summary with one line and exit code 1, not the traceback of
-the first failed job that Hydra's basic sweeper would print. The job is handed over with
+`precheck` (a function's dotted name, the job's config -> why it cannot run, or None) refuses a job before its
+process starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a
+backbone x scheme pair, which a results sweep (a product of backbones and schemes) meets for half its jobs by design.
+A refused job is REFUSED in launcher.jsonl and the summary, not a failure. Each job is Hydra's own multirun job
+(its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any job failed (its
+process exited non-zero, or best_lr had no grid to read), the launch ends after its summary with one line and exit
+code 1, not the traceback of the first failed job that Hydra's basic sweeper would print. The job is handed over with
 cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a
 closure.
 """
@@ -162,13 +162,13 @@ class GPUsLauncher(Launcher):
                 cfg, job_dir = compose(idx, overrides)
                 done = any((job_dir / name).exists() for name in self.skip_done) or \
                     _relative(job_dir, sweep_dir) in recorded
-                if not done and (why := refusal(cfg)):  # fails as its process would, without one or a GPU place
+                if not done and (why := refusal(cfg)):  # its process would refuse it: none started, no GPU place
                     job_dir.mkdir(parents=True, exist_ok=True)
-                    with open(job_dir / "job.log", "a") as out:
+                    with open(job_dir / "job.log", "a") as out:  # the reason, where the record's cell reads it
                         out.write(f"[launcher] precheck {self.precheck}: the job was not started\nerror: {why}\n")
                     with lock:
-                        results[idx] = _job_return(cfg, job_dir, JobStatus.FAILED, ValueError(why))
-                        note(idx, gpu, overrides, time.time(), "FAILED", 2, job_dir)
+                        results[idx] = _passed_over(cfg, job_dir, f"refused: {why}")
+                        note(idx, gpu, overrides, time.time(), "REFUSED", None, job_dir)
                     continue
                 # a slot of the GPU, shared with other launches on this machine (none for a finished job)
                 slot = None if done else Slot.take(self.slots_dir, gpu, self.per_gpu, until=last_start)
@@ -308,17 +308,18 @@ class Lengths:
 
 
 def summary(ended: dict[str, list], sweep_dir: Path) -> str:
-    """How the launch's jobs ended, and why the failed ones failed (their `error:` lines, grouped): Hydra then stops
-    at the first failed job's exception, which names one job, not how many or why."""
+    """How the launch's jobs ended, and why the refused and the failed ones did not run (their `error:` lines,
+    grouped): Hydra would stop at the first failed job's exception, which names one job, not how many or why."""
     counts = ", ".join(f"{len(v)} {k.lower().replace('_', ' ')}" for k, v in sorted(ended.items()))
     lines = [f"{sum(map(len, ended.values()))} jobs: {counts} (each job: {sweep_dir / 'launcher.jsonl'})"]
-    why: dict[str, int] = {}
-    for job_dir in ended.get("FAILED", []):
-        line = (error_line(job_dir / "job.log") or "no error line (see the job's job.log)")[:160]
-        why[line] = why.get(line, 0) + 1
-    lines += [f"\t{n} failed with: {line}" for line, n in sorted(why.items(), key=lambda x: -x[1])[:8]]
-    if len(why) > 8:
-        lines.append(f"\t... and {len(why) - 8} other reasons (each job's job.log)")
+    for status, said in (("REFUSED", "refused by the precheck"), ("FAILED", "failed with")):
+        why: dict[str, int] = {}
+        for job_dir in ended.get(status, []):
+            line = (error_line(job_dir / "job.log") or "no error line (see the job's job.log)")[:160]
+            why[line] = why.get(line, 0) + 1
+        lines += [f"\t{n} {said}: {line}" for line, n in sorted(why.items(), key=lambda x: -x[1])[:8]]
+        if len(why) > 8:
+            lines.append(f"\t... and {len(why) - 8} other reasons (each job's job.log)")
     return "\n".join(lines)
 
 
