@@ -18,6 +18,10 @@ from hydra_plugins.duality_launcher.gpus import OVER, error_line, record_runs
 from .errors import ConfigError
 
 
+class GridNotOver(ConfigError):
+    """best_lr's pair has grid runs still to run or finish: its seeds can run later, not never."""
+
+
 RUN_NAME = re.compile(r"(?:lr(?P<lr>[0-9.eE+-]+)|best)-s(?P<seed>\d+)")
 
 
@@ -100,7 +104,7 @@ def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc", record: s
         what = f"{len(missing)} of its grid runs have no task_eval.json ({missing[0].name}, ...)" if missing else \
             "no grid run of it finished" if not done else \
             f"its grid lacks lr {', '.join(f'{x:g}' for x in absent)} (run by other pairs)"
-        raise ConfigError(f"best_lr: {pair} in {sweep_dir}: {what}; run (or finish) the grid sweep first, the same "
+        raise GridNotOver(f"best_lr: {pair} in {sweep_dir}: {what}; run (or finish) the grid sweep first, the same "
                           "command without _seeds")
     lr = choose(done, metric)
     if lr is None:
@@ -108,3 +112,23 @@ def best_lr(sweep_dir: str | Path, pair: str, metric: str = "val_acc", record: s
                           f"({', '.join(f'{x:g}' for x in sorted(done))}; nonfinite.json in each); no lr to train "
                           "seeds at")
     return lr
+
+
+def grid_not_over(cfg) -> str | None:
+    """Why a job cannot run yet (hydra.launcher.ready): its lr is `${best_lr:METRIC}` and its pair's grid is not over,
+    best_lr's own message; None for any other job, and for one best_lr refuses for good (a refused pair, a grid
+    diverged at every lr: the job's own process says so)."""
+    from omegaconf import OmegaConf
+
+    lr = OmegaConf.to_container(cfg.optim, resolve=False).get("lr") if "optim" in cfg else None
+    metric = re.fullmatch(r"\$\{best_lr:(\w+)\}", lr) if isinstance(lr, str) else None
+    if metric is None:
+        return None
+    try:
+        best_lr(str(cfg.hydra.sweep.dir), f"{cfg.backbone.name}-{cfg.pe.name}", metric[1],
+                cfg.hydra.launcher.get("record"))
+    except GridNotOver as e:
+        return str(e)
+    except Exception:  # e.g. ConfigError: the job's process fails with it, where the summary then shows it
+        return None
+    return None

@@ -10,8 +10,8 @@
 # their long runs fit in the allocation); SWEEPS_DIR: where the sweep folders
 # go (default outputs/results, the configs' own), with each launch's log, SWEEPS_DIR/<task>-{grid,seeds}.log. (Not
 # OUT, its first name: a job environment's own OUT, e.g. a lease's output folder, once sent the sweeps there.) A
-# seeds job whose pair's grid has not finished fails in seconds with best_lr's reason and runs in a later
-# allocation. Then:
+# seeds job whose pair's grid has not finished waits (WAITING, best_lr's reason in the launch's summary: no process,
+# no GPU place) and runs in a later allocation. Then:
 #   python scripts/results.py collect <task> outputs/results/<task> --device ...   (the page's record)
 set -uo pipefail
 seconds=${1:?usage: results_sweeps.sh SECONDS [TASK ...]}

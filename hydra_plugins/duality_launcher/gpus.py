@@ -29,7 +29,10 @@ first (another 40 s of idle GPUs).
 `precheck` (a function's dotted name, the job's config -> why it cannot run, or None) refuses a job before its
 process starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a
 backbone x scheme pair, which a results sweep (a product of backbones and schemes) meets for half its jobs by design.
-A refused job is REFUSED in launcher.jsonl and the summary, not a failure. Each job is Hydra's own multirun job
+A refused job is REFUSED in launcher.jsonl and the summary, not a failure. `ready` (a function's dotted name too,
+the job's config -> why it cannot run yet, or None) holds a job for a later launch: WAITING, passed over like a job
+with no time left, no folder, no process, no place; the repo's is a results sweep's seeds job whose pair's grid is
+not over (best_lr has nothing to choose from yet: common/grid.py). Each job is Hydra's own multirun job
 (its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any job failed (its
 process exited non-zero, or best_lr had no grid to read), the launch ends after its summary with one line and exit
 code 1, not the traceback of the first failed job that Hydra's basic sweeper would print. The job is handed over with
@@ -71,7 +74,7 @@ class GPUsLauncher(Launcher):
     def __init__(self, gpus: Sequence[int | str] | None = None, per_gpu: int = 1, deadline: float | None = None,
                  skip_done: str | Sequence[str] | None = None, start_by: float | None = None,
                  finish_by: float | None = None, slots_dir: str | None = None, precheck: str | None = None,
-                 record: str | None = None) -> None:
+                 record: str | None = None, ready: str | None = None) -> None:
         if int(per_gpu) < 1:
             raise ValueError(f"hydra.launcher.per_gpu={per_gpu}: at least 1 job a GPU at once")
         if deadline is not None and float(deadline) <= 0:
@@ -86,7 +89,7 @@ class GPUsLauncher(Launcher):
         self.finish_by = None if finish_by is None else float(finish_by)
         self.skip_done = [] if skip_done is None else [skip_done] if isinstance(skip_done, str) else list(skip_done)
         self.slots_dir = Path(slots_dir or Path(tempfile.gettempdir()) / f"duality-gpu-slots-{os.getuid()}")
-        self.precheck = precheck
+        self.precheck, self.ready = precheck, ready
         self.record = record
         # Hydra makes the launcher before its sweeper composes every job's config to check it (~50 s for a results
         # sweep's 216 jobs on a 2-core CPU): the launch's clock starts here, nearer the command's own start
@@ -143,7 +146,9 @@ class GPUsLauncher(Launcher):
 
         ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
         host = socket.gethostname()  # with the GPU, which device a job ran on (scripts/results.py: a run's GPU cost)
-        refusal = _function(self.precheck) if self.precheck else (lambda cfg: None)
+        refusal = _function(self.precheck, "precheck") if self.precheck else (lambda cfg: None)
+        not_ready = _function(self.ready, "ready") if self.ready else (lambda cfg: None)
+        waits: dict[Path, str] = {}  # a WAITING job's folder (never made) -> why, for the summary
         recorded = {key for key, r in runs.items() if r.get("status") in OVER}
 
         def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
@@ -169,6 +174,12 @@ class GPUsLauncher(Launcher):
                     with lock:
                         results[idx] = _passed_over(cfg, job_dir, f"refused: {why}")
                         note(idx, gpu, overrides, time.time(), "REFUSED", None, job_dir)
+                    continue
+                if not done and (why := not_ready(cfg)):  # e.g. a seeds job whose grid is not over: a later launch
+                    with lock:
+                        results[idx] = _passed_over(cfg, job_dir, f"waiting: {why}")
+                        waits[job_dir] = why
+                        note(idx, gpu, overrides, time.time(), "WAITING", None, job_dir)
                     continue
                 # a slot of the GPU, shared with other launches on this machine (none for a finished job)
                 slot = None if done else Slot.take(self.slots_dir, gpu, self.per_gpu, until=last_start)
@@ -220,7 +231,7 @@ class GPUsLauncher(Launcher):
             with contextlib.suppress(OSError):
                 folder.rmdir()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        log.info(summary(ended, sweep_dir))
+        log.info(summary(ended, sweep_dir, waits))
         failed = len(ended.get("FAILED", []))
         if failed:  # one line and exit 1, where Hydra's sweeper would print the first failed job's traceback
             print(f"error: {failed} of {len(results)} jobs failed (why: the launch's summary above, and each job's "
@@ -307,15 +318,17 @@ class Lengths:
         return known if known is not None else (statistics.median(self.longest.values()) if self.longest else None)
 
 
-def summary(ended: dict[str, list], sweep_dir: Path) -> str:
-    """How the launch's jobs ended, and why the refused and the failed ones did not run (their `error:` lines,
-    grouped): Hydra would stop at the first failed job's exception, which names one job, not how many or why."""
+def summary(ended: dict[str, list], sweep_dir: Path, waits: dict[Path, str] | None = None) -> str:
+    """How the launch's jobs ended, and why the refused, waiting and failed ones did not run (their `error:` lines,
+    a waiting job's reason; grouped): Hydra would stop at the first failed job's exception, which names one job, not
+    how many or why."""
     counts = ", ".join(f"{len(v)} {k.lower().replace('_', ' ')}" for k, v in sorted(ended.items()))
     lines = [f"{sum(map(len, ended.values()))} jobs: {counts} (each job: {sweep_dir / 'launcher.jsonl'})"]
-    for status, said in (("REFUSED", "refused by the precheck"), ("FAILED", "failed with")):
+    for status, said in (("REFUSED", "refused by the precheck"), ("WAITING", "waiting"), ("FAILED", "failed with")):
         why: dict[str, int] = {}
         for job_dir in ended.get(status, []):
-            line = (error_line(job_dir / "job.log") or "no error line (see the job's job.log)")[:160]
+            line = (waits or {}).get(job_dir) if status == "WAITING" else error_line(job_dir / "job.log")
+            line = (line or "no error line (see the job's job.log)")[:160]
             why[line] = why.get(line, 0) + 1
         lines += [f"\t{n} {said}: {line}" for line, n in sorted(why.items(), key=lambda x: -x[1])[:8]]
         if len(why) > 8:
@@ -343,15 +356,15 @@ def _wait(proc: subprocess.Popen, end: float | None) -> tuple[int, bool]:
     return proc.wait(), False
 
 
-def _function(name: str):
-    """`package.module.function` -> the function (hydra.launcher.precheck)."""
+def _function(name: str, option: str):
+    """`package.module.function` -> the function (hydra.launcher.precheck, .ready)."""
     import importlib
 
     module, _, attr = name.rpartition(".")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"hydra.launcher.precheck={name}: no such function ({e})") from None
+        raise ValueError(f"hydra.launcher.{option}={name}: no such function ({e})") from None
 
 
 def _job_return(cfg: DictConfig, job_dir: Path, status: JobStatus, value) -> JobReturn:
