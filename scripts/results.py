@@ -414,6 +414,36 @@ def mqar_summary() -> str:
             f"{drop(GATED, 'selective_rope')}.")
 
 
+def s2_summary() -> str:
+    """The README's line on S2, from the S2 record's cells with three seeds: PaTH's and PaTH-FoX's, and the rest's
+    (at chance or not, and with which scheme)."""
+    from duality.model import valid_schemes
+    rec = load("s2")
+    if rec is None:
+        return "(no S2 record yet)"
+    (at, _), (beyond, _) = TASKS["s2"]["points"]
+    cells = {(b, p): [100 * r["scores"][label] for r in runs for label in (at, beyond)]
+             for b in BACKBONES for p in SCHEMES if len(runs := cell_runs(rec, b, p)) == 3}
+    means = {k: (mean_sd(v[0::2])[0], mean_sd(v[1::2])[0]) for k, v in cells.items()}
+    path = {k: m for k, m in means.items() if k[0] in ("path", "path_fox")}
+    rest = {k: m for k, m in means.items() if k not in path}
+    learned = sorted(((m[0], k) for k, m in rest.items() if m[0] >= 60), reverse=True)
+    said = ", ".join(f"{b} + {p} {m:.1f}%" for m, (b, p) in learned) or "none"
+    backbones, schemes = planned("s2")
+    accepted = sum(p in valid_schemes(b) for b in backbones for p in schemes)
+    def span(values):
+        lo, hi = min(values), max(values)
+        return f"{lo:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}%"
+    out = f"On S2 parity ({len(means)} of {accepted} pairs with three seeds so far): "
+    if path:
+        out += (f"PaTH and PaTH-FoX reach {span([v for k in path for v in cells[k][0::2]])} within the training "
+                f"length in every run (each scheme, three seeds) and {span([m[1] for m in path.values()])} past it "
+                "(cell means); ")
+    low = len(rest) - len(learned)
+    return out + (f"of the other {len(rest)} cells {low} stay{'s' * (low == 1)} at chance (under 60% within the "
+                  f"training length), and above it: {said}.")
+
+
 def duality_table() -> str:
     """Each dual pair's two cells side by side, on every task with a record, at the training length and the first
     length beyond it (the task's own table has the rest)."""

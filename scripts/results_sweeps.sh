@@ -43,7 +43,7 @@ for t in "${tasks[@]}"; do
   done
 done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done  # 1 where any job failed (not a refused pair): see its log
+for p in "${pids[@]}"; do wait "$p" || rc=1; done  # 1 where any job failed (not a refused or waiting one): see its log
 for t in "${tasks[@]}"; do
   for s in grid seeds; do
     [ -f "$out/$t-$s.log" ] && tr '\r' '\n' < "$out/$t-$s.log" | grep "^\[hydra\] [0-9]* jobs:"

@@ -565,6 +565,31 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
     assert "Software: s; t. Record:" in results.table("mqar")  # every session's software, each once
 
 
+def test_the_readmes_s2_line_is_drawn_from_the_cells_with_three_seeds(tmp_path, monkeypatch):
+    """results.s2_summary from a record written by hand: PaTH's cell (its runs' span within, its mean past), the
+    other cells with three seeds at chance or above it with their scheme; a cell of one seed is not counted."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path)
+    runs, chosen = {}, {}
+    for pair, within, past in (("path-nope", (1.0, 1.0, 0.999), (0.99, 0.97, 1.0)),
+                               ("transformer-selective_rope", (0.9, 0.95, 0.85), (0.5, 0.5, 0.5)),
+                               ("gla-nope", (0.55, 0.5, 0.52), (0.5, 0.5, 0.5)), ("gla-rope", (0.9,), (0.9,))):
+        backbone, pe = pair.split("-")
+        chosen[pair] = 1e-3
+        for seed, (w, p) in enumerate(zip(within, past)):
+            runs[f"{pair}/{'lr0.001-s0' if seed == 0 else f'best-s{seed}'}"] = {
+                "backbone": backbone, "pe": pe, "seed": seed, "stage": "seeds" if seed else "grid",
+                "status": "finished", "lr": 1e-3, "scores": {"<= 128 (trained)": w, "129-512": p}}
+    (tmp_path / "s2.json").write_text(json.dumps({"task": "s2", "title": "S2 parity", "chosen_lr": chosen,
+                                                  "runs": runs, "sessions": []}))
+    assert results.s2_summary() == (
+        "On S2 parity (3 of 39 pairs with three seeds so far): PaTH and PaTH-FoX reach 99.9–100.0% within the "
+        "training length in every run (each scheme, three seeds) and 98.7% past it (cell means); of the other 2 "
+        "cells 1 stays at chance (under 60% within the training length), and above it: transformer + selective_rope "
+        "90.0%.")
+
+
 def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tmp_path, monkeypatch):
     """launcher.jsonl -> each run's GPU-seconds (the status table's time left): 4 jobs side by side for 800 s cost
     about 200 each (a refused job's 10 s beside them hardly counts); a job alone its whole wall time; a paused run
