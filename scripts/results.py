@@ -184,10 +184,13 @@ def collect(task: str, sweep: Path, meta: dict) -> dict:
     rec["runs"].update(new)
     rec["runs"] = dict(sorted(rec["runs"].items()))
     rec["chosen_lr"] = chosen_lrs(rec["runs"], TASKS[task]["metric"])
-    pairs = {k.split("/")[0]: r["status"] for k, r in new.items()}
+    # the session's pairs: those with a run it finished, and those refused (a folder kept over sessions holds
+    # earlier sessions' pairs too, which "N runs finished over M pairs" is not about)
+    ran = {k.split("/")[0] for k, r in new.items() if r["status"] == "finished" and k not in before}
+    refused = {k.split("/")[0] for k, r in new.items() if r["status"] == "refused"}
     rec["sessions"].append({**meta, "finished": sum(r["status"] == "finished" and k not in before
                                                     for k, r in new.items()),
-                            "pairs": len(pairs), "refused": sum(s == "refused" for s in pairs.values())})
+                            "pairs": len(ran) + len(refused), "refused": len(refused)})
     record_path(task).parent.mkdir(parents=True, exist_ok=True)
     record_path(task).write_text(json.dumps(rec, indent=1) + "\n")
     return rec

@@ -145,11 +145,12 @@ def test_a_record_collected_over_sessions_chooses_no_lr_before_a_pairs_grid_is_w
     rec = results.collect("mqar", sweep, meta)
     assert rec["chosen_lr"] == {"gla-rope": 0.01, "transformer-rope": 0.01}
     assert [x["finished"] for x in rec["sessions"]] == [3, 2]
+    assert [x["pairs"] - x["refused"] for x in rec["sessions"]] == [2, 2]  # the pairs each session finished runs of
     assert results.cell(rec, "transformer", "rope", "at 128 (trained)") == "75.0 ± 7.1 (2 seeds)"
     # a pair with a finished grid run but another lr never started reads as an unfinished grid, with no lr
     _finished(sweep, "fox-rope", "lr0.001-s0", 0.001, 0.9)
     rec = results.collect("mqar", sweep, meta)
-    assert "fox-rope" not in rec["chosen_lr"]
+    assert "fox-rope" not in rec["chosen_lr"] and rec["sessions"][-1]["pairs"] == 1  # fox alone, not the folder's 3
     assert results.cell(rec, "fox", "rope", "at 128 (trained)") == "grid not finished"
 
 
