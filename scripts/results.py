@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from duality.common.grid import choose, outcome, run_name
-from hydra_plugins.duality_launcher.gpus import error_line
+from hydra_plugins.duality_launcher.gpus import NO_PLACE, error_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "docs" / "results"
@@ -122,7 +122,7 @@ def gpu_seconds(sweep: Path) -> dict[str, float]:
     spans: dict[tuple, list] = {}  # (host, gpu) -> [(start, end, run key or None for another sweep's job)]
     for log in [sweep / "launcher.jsonl", *(p for p in sweep.parent.glob("*/launcher.jsonl") if p.parent != sweep)]:
         for r, key in launcher_rows(log):
-            if not r.get("wall_s") or r["status"] in ("DONE_BEFORE", "NOT_STARTED", "REFUSED"):  # held no place
+            if not r.get("wall_s") or r["status"] in NO_PLACE:
                 continue
             key = key if log.parent == sweep else None
             spans.setdefault((r.get("host"), r["gpu"]), []).append((r["start"], r["start"] + r["wall_s"], key))

@@ -612,7 +612,7 @@ def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tm
              row(1, "mamba2", 1000, 800, lr=None, seed=1),                            # GPU 1, a seeds run
              row(0, "linear_attn", 1100, 10, "FAILED"),                               # refused beside the 4
              row(0, "retnet", 1000, 0.01, "DONE_BEFORE"), row(0, "retnet", 1000, 0, "NOT_STARTED"),
-             row(0, "retnet", 1000, 0.02, "REFUSED")]                                  # the precheck's: no place
+             row(0, "retnet", 1000, 0.02, "REFUSED"), row(0, "retnet", 1000, 0.02, "WAITING")]  # no place
     (sweep / "launcher.jsonl").write_text("\n".join(rows) + "\n")
     assert results.gpu_seconds(sweep) == pytest.approx({  # 800 s over 4 jobs, and a fifth for 10 of them: 199.4 s
         **{f"{b}-nope/lr0.0005-s0": 800 ** 2 / (4 * 800 + 10) for b in ("transformer", "fox", "gla", "path")},

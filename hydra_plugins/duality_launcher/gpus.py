@@ -68,6 +68,8 @@ from omegaconf import DictConfig, open_dict
 
 log = logging.getLogger(__name__)
 OVER = ("finished", "diverged")  # a results record's run statuses that are an outcome (scripts/results.py)
+# launcher.jsonl's statuses of a job that took no GPU place (no process ran): passed over, refused, held back
+NO_PLACE = ("DONE_BEFORE", "NOT_STARTED", "REFUSED", "WAITING")
 
 
 class GPUsLauncher(Launcher):
