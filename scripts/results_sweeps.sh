@@ -4,15 +4,18 @@
 # (hydra.launcher.per_gpu, default 8), a job started only if it should end 90 s before the allocation does
 # (hydra.launcher.finish_by, from the run lengths in launcher.jsonl and the record), each sweep going on from where
 # its folders and its record (docs/results/<task>.json) left it. Run it again in the next allocation.
-#   bash scripts/results_sweeps.sh SECONDS [TASK ...]     TASK: s2, retrieval, mqar (default: s2 retrieval)
+#   bash scripts/results_sweeps.sh SECONDS [TASK ...]     TASK: s2, retrieval, mqar (default: s2 retrieval), or
+#                                                         another sweep config's name, one launch (e.g. s2_negeig)
 # EXTRA: more Hydra overrides for every launch (e.g. hydra.launcher.per_gpu=12; a sweep key given there replaces the
 # config's, so "hydra.launcher.per_gpu=8 backbone=path,path_fox" runs those backbones' jobs alone, at 8 a GPU, where
 # their long runs fit in the allocation); SWEEPS_DIR: where the sweep folders
-# go (default outputs/results, the configs' own), with each launch's log, SWEEPS_DIR/<task>-{grid,seeds}.log. (Not
+# go (default outputs/results, the configs' own), with each launch's log, SWEEPS_DIR/<task>-{grid,seeds}.log (another
+# sweep's: SWEEPS_DIR/<name>, SWEEPS_DIR/<name>.log; its first in the list takes the GPUs' places first). (Not
 # OUT, its first name: a job environment's own OUT, e.g. a lease's output folder, once sent the sweeps there.) A
 # seeds job whose pair's grid has not finished waits (WAITING, best_lr's reason in the launch's summary: no process,
 # no GPU place) and runs in a later allocation. Then:
 #   python scripts/results.py collect <task> outputs/results/<task> --device ...   (the page's record)
+#   python scripts/collect_sweep.py outputs/results/<name> --out docs/results/<name>  (another sweep's table)
 set -uo pipefail
 seconds=${1:?usage: results_sweeps.sh SECONDS [TASK ...]}
 shift
@@ -22,31 +25,37 @@ tasks=("$@")
 end=$(( $(date +%s) + seconds - 90 ))
 out=${SWEEPS_DIR:-outputs/results}
 cd "$(dirname "$0")/.."
+launches=()  # sweep config:folder:log, in order: a results task's grid then its seeds; another sweep alone
 for t in "${tasks[@]}"; do
-  [ -f "conf/sweep/results_${t}.yaml" ] || { echo "no task $t: choose from $(ls conf/sweep/results_*_seeds.yaml |
-    sed 's|.*/results_||; s|_seeds.yaml||' | tr '\n' ' ')" >&2; exit 2; }
+  if [ -f "conf/sweep/results_${t}.yaml" ]; then
+    launches+=("results_${t}:$t:$t-grid" "results_${t}_seeds:$t:$t-seeds")
+  elif [ -f "conf/sweep/${t}.yaml" ] && [[ "$t" != results_* ]]; then
+    launches+=("$t:$t:$t")
+  else
+    echo "no task $t: choose from $(ls conf/sweep/results_*_seeds.yaml | sed 's|.*/results_||; s|_seeds.yaml||' |
+      tr '\n' ' ')or a sweep of conf/sweep/ (one launch)" >&2; exit 2
+  fi
 done
 mkdir -p "$out"
 pids=()
-for t in "${tasks[@]}"; do
-  for stage in "" _seeds; do
-    left=$(( end - $(date +%s) ))
-    [ "$left" -gt 0 ] || break 2
-    log=$out/$t-$([ -n "$stage" ] && echo seeds || echo grid).log
-    # OMP_NUM_THREADS=1: a GPU's 8 jobs of each launch would otherwise share the cores 8 x launches ways
-    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ${PYTHON:-python} train.py -m "sweep=results_${t}${stage}" logger=none \
-      "hydra.sweep.dir=$out/$t" \
-      "hydra.launcher.finish_by=$left" ${EXTRA:-} > "$log" 2>&1 &
-    pids+=($!)
-    echo "$(date -u +%H:%M:%S) sweep=results_${t}${stage}: finish_by=${left}s, log $log"
-    sleep 20  # the grid's jobs first in the GPUs' places; the seeds launch fills what is left
-  done
+for l in "${launches[@]}"; do
+  IFS=: read -r sweep dir name <<< "$l"
+  left=$(( end - $(date +%s) ))
+  [ "$left" -gt 0 ] || break
+  log=$out/$name.log
+  # OMP_NUM_THREADS=1: a GPU's 8 jobs of each launch would otherwise share the cores 8 x launches ways
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ${PYTHON:-python} train.py -m "sweep=$sweep" hydra/launcher=gpus logger=none \
+    "hydra.sweep.dir=$out/$dir" \
+    "hydra.launcher.finish_by=$left" ${EXTRA:-} > "$log" 2>&1 &
+  pids+=($!)
+  echo "$(date -u +%H:%M:%S) sweep=$sweep: finish_by=${left}s, log $log"
+  # the earlier launch's jobs first in the GPUs' places (a grid's before its seeds); the next fills the rest
+  [ "$l" = "${launches[-1]}" ] || sleep 20
 done
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done  # 1 where any job failed (not a refused or waiting one): see its log
-for t in "${tasks[@]}"; do
-  for s in grid seeds; do
-    [ -f "$out/$t-$s.log" ] && tr '\r' '\n' < "$out/$t-$s.log" | grep "^\[hydra\] [0-9]* jobs:"
-  done
+for l in "${launches[@]}"; do
+  log=$out/${l##*:}.log
+  [ -f "$log" ] && tr '\r' '\n' < "$log" | grep "^\[hydra\] [0-9]* jobs:"
 done
 exit $rc

@@ -719,7 +719,7 @@ def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_all
         return subprocess.run(["bash", "scripts/results_sweeps.sh", "600", *tasks], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=600)
     r = allocation("mqar", "copying")
-    assert r.returncode == 2 and "no task copying: choose from mqar retrieval s2" in r.stderr
+    assert r.returncode == 2 and "no task copying: choose from mqar retrieval s2 or a sweep of conf/sweep/" in r.stderr
     assert not any(tmp_path.iterdir())
     r = allocation("mqar")
     assert "[hydra] 3 jobs: 3 completed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
@@ -738,3 +738,9 @@ def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_all
         assert run["config"]["optim"]["lr"] == best and run["config"]["seed"] == seed
     assert (tmp_path / "mqar-grid.log").is_file() and (tmp_path / "mqar-seeds.log").is_file()
     assert not (tmp_path / "elsewhere").exists()
+    # another sweep config (not a results task): one launch, into a folder of its name, under the allocation's rules
+    r = subprocess.run(["bash", "scripts/results_sweeps.sh", "600", "parity"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, env={**env, "EXTRA": env["EXTRA"] + " seed=0,1 model.n_heads=2"})
+    assert r.returncode == 0 and "[hydra] 2 jobs: 2 completed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = _rows(tmp_path / "parity")
+    assert len(rows) == 2 and all(x["per_gpu"] == 2 for x in rows)  # hydra/launcher=gpus, as EXTRA sets it
