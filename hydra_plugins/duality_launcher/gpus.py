@@ -26,18 +26,17 @@ so a lease's last minutes still run the short jobs and no long one is started to
 launcher's start, which Hydra makes before its sweeper composes every job's config to check it (50 s for a results
 sweep's 216 jobs on a 2-core CPU); the launcher composes a job's config again when a GPU place takes it, not all
 first (another 40 s of idle GPUs).
-`precheck` (a function's dotted name, the job's config -> why it cannot run, or None) refuses a job before its
-process starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a
-backbone x scheme pair, which a results sweep (a product of backbones and schemes) meets for half its jobs by design.
-A refused job is REFUSED in launcher.jsonl and the summary, not a failure. `ready` (a function's dotted name too,
-the job's config -> why it cannot run yet, or None) holds a job for a later launch: WAITING, passed over like a job
-with no time left, no folder, no process, no place; the repo's is a results sweep's seeds job whose pair's grid is
-not over (best_lr has nothing to choose from yet: common/grid.py). Each job is Hydra's own multirun job
-(its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any job failed (its
-process exited non-zero, or best_lr had no grid to read), the launch ends after its summary with one line and exit
-code 1, not the traceback of the first failed job that Hydra's basic sweeper would print. The job is handed over with
-cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a
-closure.
+`precheck` (a function's dotted name, the job's config -> why it cannot run, or None) refuses a job before its process
+starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a backbone x
+scheme pair, which a results sweep (a product of backbones and schemes) meets for half its jobs by design. A refused job
+is REFUSED in launcher.jsonl and the summary, not a failure. `ready` (a function's dotted name too, the job's config ->
+why it cannot run yet, or None) holds a job for a later launch: WAITING, passed over like a job with no time left, no
+folder, no process, no place; the repo's is a results sweep's seeds job whose pair's grid is not over (best_lr has
+nothing to choose from yet: common/grid.py). Each job is Hydra's own multirun job (its folder, hydra.job.num, the
+sweep's wandb group), as the basic launcher would run it. Where any job failed (its process exited non-zero: a fault, or
+a grid diverged at every lr, with no lr for its seeds), the launch ends after its summary with one line and exit code 1,
+not the traceback of the first failed job that Hydra's basic sweeper would print. The job is handed over with
+cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a closure.
 """
 
 from __future__ import annotations
