@@ -278,14 +278,20 @@ def run_costs(task: str) -> dict[str, float]:
     return mean
 
 
+def accepted_pairs(task: str) -> list[str]:
+    """The task's planned pairs the model builds (`<backbone>-<pe>`); the others it refuses."""
+    from duality.model import valid_schemes
+    backbones, schemes = planned(task)
+    return [f"{b}-{s}" for b in backbones for s in schemes if s in valid_schemes(b)]
+
+
 def progress(task: str) -> dict:
     """How far the task's sweeps are, from its record: grid and seeds runs over (finished, or diverged: outcomes),
     the cells with all 3 seeds, and the GPU-hours the rest would take at each backbone's mean cost a run so far
     (run_costs; a backbone with none anywhere: the slowest backbone's)."""
-    from duality.model import valid_schemes
     rec = load(task) or {"runs": {}, "chosen_lr": {}}
     (backbones, schemes), grid = planned(task), planned_grid(task)
-    pairs = [f"{b}-{s}" for b in backbones for s in schemes if s in valid_schemes(b)]  # the others: refused
+    pairs = accepted_pairs(task)
     over = {k: r for k, r in rec["runs"].items()
             if k.split("/")[0] in pairs and r["status"] in ("finished", "diverged")}
     grid_over = {(k.split("/")[0], r["lr"]) for k, r in over.items() if r["stage"] == "grid"}
@@ -420,28 +426,28 @@ def mqar_summary() -> str:
 def s2_summary() -> str:
     """The README's line on S2, from the S2 record's cells with three seeds: PaTH's and PaTH-FoX's, and the rest's
     (at chance or not, and with which scheme)."""
-    from duality.model import valid_schemes
     rec = load("s2")
     if rec is None:
         return "(no S2 record yet)"
     (at, _), (beyond, _) = TASKS["s2"]["points"]
-    cells = {(b, p): [100 * r["scores"][label] for r in runs for label in (at, beyond)]
-             for b in BACKBONES for p in SCHEMES if len(runs := cell_runs(rec, b, p)) == 3}
-    means = {k: (mean_sd(v[0::2])[0], mean_sd(v[1::2])[0]) for k, v in cells.items()}
-    path = {k: m for k, m in means.items() if k[0] in ("path", "path_fox")}
-    rest = {k: m for k, m in means.items() if k not in path}
-    learned = sorted(((m[0], k) for k, m in rest.items() if m[0] >= 60), reverse=True)
-    said = ", ".join(f"{b} + {p} {m:.1f}%" for m, (b, p) in learned) or "none"
-    backbones, schemes = planned("s2")
-    accepted = sum(p in valid_schemes(b) for b in backbones for p in schemes)
+    cells = {(b, p): runs for b in BACKBONES for p in SCHEMES if len(runs := cell_runs(rec, b, p)) == 3}
+
+    def pct(runs, label):
+        return [100 * r["scores"][label] for r in runs]
+
     def span(values):
         lo, hi = min(values), max(values)
         return f"{lo:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}%"
-    out = f"On S2 parity ({len(means)} of {accepted} pairs with three seeds so far): "
+
+    path = {k: runs for k, runs in cells.items() if k[0] in ("path", "path_fox")}
+    rest = {k: mean_sd(pct(runs, at))[0] for k, runs in cells.items() if k not in path}
+    learned = sorted(((m, k) for k, m in rest.items() if m >= 60), reverse=True)
+    said = ", ".join(f"{b} + {p} {m:.1f}%" for m, (b, p) in learned) or "none"
+    out = f"On S2 parity ({len(cells)} of {len(accepted_pairs('s2'))} pairs with three seeds so far): "
     if path:
-        out += (f"PaTH and PaTH-FoX reach {span([v for k in path for v in cells[k][0::2]])} within the training "
-                f"length in every run (each scheme, three seeds) and {span([m[1] for m in path.values()])} past it "
-                "(cell means); ")
+        out += (f"PaTH and PaTH-FoX reach {span([v for runs in path.values() for v in pct(runs, at)])} within the "
+                f"training length in every run (each scheme, three seeds) and "
+                f"{span([mean_sd(pct(runs, beyond))[0] for runs in path.values()])} past it (cell means); ")
     low = len(rest) - len(learned)
     return out + (f"of the other {len(rest)} cells {low} stay{'s' * (low == 1)} at chance (under 60% within the "
                   f"training length), and above it: {said}.")

@@ -743,4 +743,4 @@ def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_all
                        text=True, timeout=600, env={**env, "EXTRA": env["EXTRA"] + " seed=0,1 model.n_heads=2"})
     assert r.returncode == 0 and "[hydra] 2 jobs: 2 completed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     rows = _rows(tmp_path / "parity")
-    assert len(rows) == 2 and all(x["per_gpu"] == 2 for x in rows)  # hydra/launcher=gpus, as EXTRA sets it
+    assert len(rows) == 2 and all(x["per_gpu"] == 2 for x in rows)  # the script's hydra/launcher=gpus, at EXTRA's 2
