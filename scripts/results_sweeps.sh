@@ -13,7 +13,9 @@
 # sweep's: SWEEPS_DIR/<name>, SWEEPS_DIR/<name>.log; its first in the list takes the GPUs' places first). (Not
 # OUT, its first name: a job environment's own OUT, e.g. a lease's output folder, once sent the sweeps there.) A
 # seeds job whose pair's grid has not finished waits (WAITING, best_lr's reason in the launch's summary: no process,
-# no GPU place) and runs in a later allocation. Then:
+# no GPU place); once every launch has ended, each launch that left jobs waiting goes once more if time is left (the
+# grids are then as far as this allocation takes them), so one long allocation trains a pair's grid and its seeds;
+# what still waits runs in a later allocation. Then:
 #   python scripts/results.py collect <task> outputs/results/<task> --device ...   (the page's record)
 #   python scripts/collect_sweep.py outputs/results/<name> --out docs/results/<name>  (another sweep's table)
 set -uo pipefail
@@ -37,25 +39,31 @@ for t in "${tasks[@]}"; do
   fi
 done
 mkdir -p "$out"
-pids=()
-for l in "${launches[@]}"; do
-  IFS=: read -r sweep dir name <<< "$l"
-  left=$(( end - $(date +%s) ))
-  [ "$left" -gt 0 ] || break
-  log=$out/$name.log
-  # OMP_NUM_THREADS=1: a GPU's 8 jobs of each launch would otherwise share the cores 8 x launches ways
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ${PYTHON:-python} train.py -m "sweep=$sweep" hydra/launcher=gpus logger=none \
-    "hydra.sweep.dir=$out/$dir" \
-    "hydra.launcher.finish_by=$left" ${EXTRA:-} > "$log" 2>&1 &
-  pids+=($!)
-  echo "$(date -u +%H:%M:%S) sweep=$sweep: finish_by=${left}s, log $log"
-  # the earlier launch's jobs first in the GPUs' places (a grid's before its seeds); the next fills the rest
-  [ "$l" = "${launches[-1]}" ] || sleep 20
-done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done  # 1 where any job failed (not a refused or waiting one): see its log
-for l in "${launches[@]}"; do
-  log=$out/${l##*:}.log
-  [ -f "$log" ] && tr '\r' '\n' < "$log" | grep "^\[hydra\] [0-9]* jobs:"
-done
+run_round() {  # the launches named ("$@"), side by side, each with finish_by at the allocation's end; waits for them
+  local pids=() l sweep dir name left
+  for l in "$@"; do
+    IFS=: read -r sweep dir name <<< "$l"
+    left=$(( end - $(date +%s) ))
+    [ "$left" -gt 0 ] || break
+    # OMP_NUM_THREADS=1: a GPU's 8 jobs of each launch would otherwise share the cores 8 x launches ways
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ${PYTHON:-python} train.py -m "sweep=$sweep" hydra/launcher=gpus \
+      logger=none "hydra.sweep.dir=$out/$dir" "hydra.launcher.finish_by=$left" ${EXTRA:-} >> "$out/$name.log" 2>&1 &
+    pids+=($!)
+    echo "$(date -u +%H:%M:%S) sweep=$sweep: finish_by=${left}s, log $out/$name.log"
+    # the earlier launch's jobs first in the GPUs' places (a grid's before its seeds); the next fills the rest
+    [ "$l" = "${*: -1}" ] || sleep 20
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done  # 1 where any job failed (not a refused or waiting one)
+}
+summaries() { tr '\r' '\n' < "$out/${1##*:}.log" 2>/dev/null | grep "^\[hydra\] [0-9]* jobs:"; }
+for l in "${launches[@]}"; do : > "$out/${l##*:}.log"; done  # this allocation's logs
+run_round "${launches[@]}"
+again=()  # the launches whose last summary has waiting jobs: their grids have gone as far as this round took them
+for l in "${launches[@]}"; do summaries "$l" | tail -1 | grep -q " waiting" && again+=("$l"); done
+if [ ${#again[@]} -gt 0 ] && [ $(( end - $(date +%s) )) -gt 0 ]; then
+  echo "$(date -u +%H:%M:%S) again, for their waiting jobs: ${again[*]%%:*}"
+  run_round "${again[@]}"
+fi
+for l in "${launches[@]}"; do summaries "$l"; done
 exit $rc

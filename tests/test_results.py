@@ -708,12 +708,15 @@ def test_the_launchers_precheck_refuses_a_pair_as_its_process_would_and_a_bad_pr
 @pytest.mark.slow
 def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_allocation_goes_on(tmp_path):
     """scripts/results_sweeps.sh SECONDS mqar, twice (two allocations): the first trains the grid, and the seeds
-    launch beside it trains a pair's seeds if its grid finished in time, else they wait for it (exit 0); the
-    second passes over what is done and trains the rest at the grid's best lr. A task that is none is refused before
-    any launch."""
+    launch beside it trains a pair's seeds if its grid finished in time, else they wait for it and go once more when
+    the grid's launch has ended, all at the grid's best lr (exit 0); the second passes over what is done. A task that
+    is none is refused before any launch."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "SWEEPS_DIR": str(tmp_path),
            "OUT": str(tmp_path / "elsewhere"),  # a job environment's own OUT (a lease's) is not where the sweeps go
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
            "EXTRA": " ".join([*TINY, NO_RECORD, "backbone=transformer", "pe=rope"])}
+    plain = env["EXTRA"]
+    env["EXTRA"] += " hydra.launcher.ready=ready_once.seeds_wait_in_the_first_launch"
 
     def allocation(*tasks):
         return subprocess.run(["bash", "scripts/results_sweeps.sh", "600", *tasks], cwd=ROOT, env=env,
@@ -722,14 +725,15 @@ def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_all
     assert r.returncode == 2 and "no task copying: choose from mqar retrieval s2 or a sweep of conf/sweep/" in r.stderr
     assert not any(tmp_path.iterdir())
     r = allocation("mqar")
-    assert "[hydra] 3 jobs: 3 completed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    seeds_done = "[hydra] 2 jobs: 2 completed" in r.stdout
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]  # trained, or waiting for the grid: no failure
-    assert seeds_done or "[hydra] 2 jobs: 2 waiting" in r.stdout
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    # the seeds launch beside the grid holds its jobs (tests/ready_once.py), and goes again once the grid's has ended
+    assert "[hydra] 3 jobs: 3 completed" in r.stdout and "[hydra] 2 jobs: 2 waiting" in r.stdout, r.stdout
+    assert "again, for their waiting jobs: results_mqar_seeds\n" in r.stdout, r.stdout
+    assert "[hydra] 2 jobs: 2 completed" in r.stdout, r.stdout
     r = allocation("mqar")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "[hydra] 3 jobs: 3 done before" in r.stdout  # and (exit 0) no seeds job failed
-    assert not seeds_done or "[hydra] 2 jobs: 2 done before" in r.stdout
+    assert "[hydra] 3 jobs: 3 done before" in r.stdout and "[hydra] 2 jobs: 2 done before" in r.stdout
+    assert "again" not in r.stdout
     grid = {lr: json.loads((tmp_path / "mqar" / "transformer-rope" / f"lr{lr}-s0" / "task_eval.json").read_text())
             for lr in (0.001, 0.003, 0.01)}
     best = max(grid, key=lambda lr: (grid[lr]["val_acc"], -grid[lr]["val_loss"]))
@@ -740,7 +744,7 @@ def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_all
     assert not (tmp_path / "elsewhere").exists()
     # another sweep config (not a results task): one launch, into a folder of its name, under the allocation's rules
     r = subprocess.run(["bash", "scripts/results_sweeps.sh", "600", "parity"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={**env, "EXTRA": env["EXTRA"] + " seed=0,1 model.n_heads=2"})
+                       text=True, timeout=600, env={**env, "EXTRA": plain + " seed=0,1 model.n_heads=2"})
     assert r.returncode == 0 and "[hydra] 2 jobs: 2 completed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     rows = _rows(tmp_path / "parity")
     assert len(rows) == 2 and all(x["per_gpu"] == 2 for x in rows)  # the script's hydra/launcher=gpus, at EXTRA's 2
