@@ -790,7 +790,8 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "results_summary": lambda: f"{results.mqar_summary()} {results.s2_summary()}",
           "results_duality": results.duality_table,
           "results_rerun": results.rerun_summary, "results_status": results.status_table,
-          **{f"results_{t}": (lambda t=t: results.table(t)) for t in results.TASKS}}
+          **{f"results_{t}": (lambda t=t: results.table(t)) for t in results.TASKS},
+          "results_sessions": lambda: "\n\n".join(results.sessions_table(t) for t in results.TASKS)}
 MARK = re.compile(r"(<!-- report:(\w+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
 
 

@@ -360,13 +360,32 @@ def table(task: str) -> str:
         out += ["", "Diverged grid runs (`train.nonfinite=stop` ended them; each counts as its pair's worst lr): "
                 + "; ".join(diverged) + "."]
     s = rec["sessions"]
-    runs = "; ".join(f"{x['date']}, {x['device']}: {x['finished']} runs finished over {x['pairs'] - x['refused']} "
-                     f"pairs, {x['refused']} pairs refused by the model ({x['command']}; commit {x['commit']})"
-                     for x in s)
-    software = "; ".join(dict.fromkeys(x["software"] for x in s))  # each distinct one once, in the sessions' order
-    out += ["", f"Runs: {runs}. Software: {software}. Record: docs/results/{task}.json (every run's scores, "
-            "and the reason of each that did not finish)."]
+    dates = sorted({x["date"] for x in s})
+    out += ["", f"Runs: {len(s)} session{'s' * (len(s) > 1)} ({' to '.join(dict.fromkeys([dates[0], dates[-1]]))}) "
+            f"on {', '.join(dict.fromkeys(x['device'] for x in s))}, {sum(x['finished'] for x in s)} runs finished; "
+            f"each session's command, code and software: [how it runs](how_it_runs.md#{anchor(rec['title'])}). "
+            f"Record: docs/results/{task}.json (every run's scores, and the reason of each that did not finish)."]
     return "\n".join(out)
+
+
+def sessions_table(task: str) -> str:
+    """Each session that ran the task's sweeps, a row of what `collect` recorded: the device, the runs it finished,
+    the pairs it ran and those the model refused, the command as run, the code and the software."""
+    rec = load(task)
+    if rec is None:
+        return f"(no record yet: {record_path(task).relative_to(ROOT)})"
+    out = [f"### {rec['title']}", "", "| date | device | runs finished | pairs run, refused | command | code | "
+           "software |", "|---|---|---:|---:|---|---|---|"]
+    def text(s):  # a | in a command is not a column's end, nor `<lease end - now>` an HTML tag
+        return s.replace("|", "\\|").replace("<", "&lt;")
+    out += [f"| {x['date']} | {x['device']} | {x['finished']} | {x['pairs'] - x['refused']}, {x['refused']} | "
+            f"{text(x['command'])} | {x['commit']} | {x['software']} |" for x in rec["sessions"]]
+    return "\n".join(out)
+
+
+def anchor(heading: str) -> str:
+    """A Markdown heading's link anchor, as GitHub makes it: `S2 parity` -> `s2-parity`."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
 def family_table(rec: dict, backbones: list[str], schemes: list[str]) -> list[str]:

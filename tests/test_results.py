@@ -551,8 +551,9 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
                                     "reason": "RuntimeError: a fault"}}
     (tmp_path / "mqar.json").write_text(json.dumps({"task": "mqar", "title": "MQAR", "chosen_lr": {"gla-rope": 1e-2},
                                                     "runs": runs, "sessions": [{"date": "d", "device": "x",
-                                                    "finished": 4, "pairs": 3, "refused": 1, "command": "c",
-                                                    "commit": "k", "software": sw} for sw in ("s", "t", "s")]}))
+                                                    "finished": 4, "pairs": 3, "refused": 1, "command": c,
+                                                    "commit": "k", "software": sw}
+                                                   for sw, c in (("s", "c"), ("t", "a|b <end>"), ("s", "c"))]}))
     rows = [x for x in results.table("mqar").splitlines() if x.startswith("| gla |")]
     # columns: the sweep's schemes (nope, rope, selective_rope, alibi, t5, vo_rope), a pair with no run "not run";
     # 90, 95, 100 -> 95.0 ± 5.0; halved at 512 -> 47.5 ± 2.5
@@ -563,7 +564,13 @@ def test_a_cell_is_the_mean_and_sd_of_its_seeds_at_the_chosen_lr_or_says_why_it_
                for x in results.table("mqar").splitlines()) == 3 * 12  # every backbone a row, in each table
     assert results.cell(json.loads((tmp_path / "mqar.json").read_text()), "mamba2", "rope", "at 128 (trained)") == \
         "not run"
-    assert "Software: s; t. Record:" in results.table("mqar")  # every session's software, each once
+    # the sessions in one line under the tables, each in a row of how_it_runs.md's table (| and < escaped)
+    assert "Runs: 3 sessions (d) on x, 12 runs finished; each session's command, code and software: [how it runs]" \
+        "(how_it_runs.md#mqar). Record:" in results.table("mqar")
+    assert results.sessions_table("mqar").splitlines()[4:] == [
+        "| d | x | 4 | 2, 1 | c | k | s |", "| d | x | 4 | 2, 1 | a\\|b &lt;end> | k | t |",
+        "| d | x | 4 | 2, 1 | c | k | s |"]
+    assert results.anchor("Retrieval (trained at 512)") == "retrieval-trained-at-512"
 
 
 def test_the_readmes_s2_line_is_drawn_from_the_cells_with_three_seeds(tmp_path, monkeypatch):
