@@ -413,6 +413,14 @@ STRONG = ["transformer", "fox", "path", "path_fox", "sympow", "deltanet", "gated
 GATED = ["gla", "mamba2", "retnet"]  # scalar / diagonal decays: the weakest recall here
 
 
+def span(values) -> str:
+    """The README lines' range of numbers (None left out), to one decimal: `61.6–77.9`, or one number where both ends
+    round alike."""
+    values = [v for v in values if v is not None]
+    lo, hi = (f"{x:.1f}".replace("-0.0", "0.0") for x in (min(values), max(values)))  # -0.0: a gain under 0.05
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
 def mqar_summary() -> str:
     """The README's two lines on the results page, computed from the MQAR record."""
     rec = load("mqar")
@@ -423,10 +431,6 @@ def mqar_summary() -> str:
     def mean(b, p, label):
         runs = cell_runs(rec, b, p)
         return mean_sd([100 * r["scores"][label] for r in runs])[0] if runs else None
-
-    def span(values):
-        values = [v for v in values if v is not None]
-        return f"{min(values):.1f}–{max(values):.1f}".replace("-0.0", "0.0")  # a rounded gain of under 0.05
 
     def drop(group, p):
         return span([mean(b, p, at) - mean(b, p, beyond) for b in group if mean(b, p, at) is not None])
@@ -454,19 +458,15 @@ def s2_summary() -> str:
     def pct(runs, label):
         return [100 * r["scores"][label] for r in runs]
 
-    def span(values):
-        lo, hi = min(values), max(values)
-        return f"{lo:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}%"
-
     path = {k: runs for k, runs in cells.items() if k[0] in ("path", "path_fox")}
     rest = {k: mean_sd(pct(runs, at))[0] for k, runs in cells.items() if k not in path}
     learned = sorted(((m, k) for k, m in rest.items() if m >= 60), reverse=True)
     said = ", ".join(f"{b} + {p} {m:.1f}%" for m, (b, p) in learned) or "none"
     out = f"On S2 parity ({len(cells)} of {len(accepted_pairs('s2'))} pairs with three seeds so far): "
     if path:
-        out += (f"PaTH and PaTH-FoX reach {span([v for runs in path.values() for v in pct(runs, at)])} within the "
+        out += (f"PaTH and PaTH-FoX reach {span(v for runs in path.values() for v in pct(runs, at))}% within the "
                 f"training length in every run (each scheme, three seeds) and "
-                f"{span([mean_sd(pct(runs, beyond))[0] for runs in path.values()])} past it (cell means); ")
+                f"{span(mean_sd(pct(runs, beyond))[0] for runs in path.values())}% past it (cell means); ")
     low = len(rest) - len(learned)
     return out + (f"of the other {len(rest)} cells {low} stay{'s' * (low == 1)} at chance (under 60% within the "
                   f"training length), and above it: {said}.")
