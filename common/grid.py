@@ -130,5 +130,5 @@ def grid_not_over(cfg) -> str | None:
     except GridNotOver as e:
         return str(e)
     except Exception:  # e.g. ConfigError: the job's process fails with it, where the summary then shows it
-        return None
+        pass
     return None

@@ -360,8 +360,8 @@ def table(task: str) -> str:
         out += ["", "Diverged grid runs (`train.nonfinite=stop` ended them; each counts as its pair's worst lr): "
                 + "; ".join(diverged) + "."]
     s = rec["sessions"]
-    dates = sorted({x["date"] for x in s})
-    out += ["", f"Runs: {len(s)} session{'s' * (len(s) > 1)} ({' to '.join(dict.fromkeys([dates[0], dates[-1]]))}) "
+    first, last = min(x["date"] for x in s), max(x["date"] for x in s)
+    out += ["", f"Runs: {len(s)} session{'s' * (len(s) > 1)} ({first if first == last else f'{first} to {last}'}) "
             f"on {', '.join(dict.fromkeys(x['device'] for x in s))}, {sum(x['finished'] for x in s)} runs finished; "
             f"each session's command, code and software: [how it runs](how_it_runs.md#{anchor(rec['title'])}). "
             f"Record: docs/results/{task}.json (every run's scores, and the reason of each that did not finish)."]
@@ -376,6 +376,7 @@ def sessions_table(task: str) -> str:
         return f"(no record yet: {record_path(task).relative_to(ROOT)})"
     out = [f"### {rec['title']}", "", "| date | device | runs finished | pairs run, refused | command | code | "
            "software |", "|---|---|---:|---:|---|---|---|"]
+
     def text(s):  # a | in a command is not a column's end, nor `<lease end - now>` an HTML tag
         return s.replace("|", "\\|").replace("<", "&lt;")
     out += [f"| {x['date']} | {x['device']} | {x['finished']} | {x['pairs'] - x['refused']}, {x['refused']} | "
