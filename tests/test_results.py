@@ -386,14 +386,27 @@ def test_two_launches_into_one_sweep_folder_at_once_each_run_their_own_jobs(tmp_
 
 def test_a_gpus_places_are_shared_by_the_launches_on_the_machine(tmp_path):
     from hydra_plugins.duality_launcher.gpus import Slot
-    a, b = Slot.take(tmp_path, 3, per_gpu=2), Slot.take(tmp_path, 3, per_gpu=2)
-    assert a and b and Slot.take(tmp_path, 5, per_gpu=2)  # another GPU's places are its own
+    a, b = Slot.take(tmp_path, [3], per_gpu=2), Slot.take(tmp_path, [3], per_gpu=2)
+    assert a.gpu == b.gpu == 3 and Slot.take(tmp_path, [5], per_gpu=2).gpu == 5  # another GPU's places are its own
     t = time.time()
-    assert Slot.take(tmp_path, 3, per_gpu=2, until=t + 0.5, poll=0.1) is None and time.time() - t >= 0.5  # full
-    assert Slot.take(tmp_path, 3, per_gpu=3, until=t + 1)  # a launch with more places a GPU has a free one
+    assert Slot.take(tmp_path, [3], per_gpu=2, until=t + 0.5, poll=0.1) is None and time.time() - t >= 0.5  # full
+    assert Slot.take(tmp_path, [3], per_gpu=3, until=t + 1)  # a launch with more places a GPU has a free one
     b.free()
-    assert Slot.take(tmp_path, 3, per_gpu=2, until=time.time() + 1)  # freed: taken again
-    assert Slot.take(tmp_path, None, per_gpu=1) is None  # the CPU: no places to take
+    assert Slot.take(tmp_path, [3], per_gpu=2, until=time.time() + 1).gpu == 3  # freed: taken again
+    assert Slot.take(tmp_path, [], per_gpu=1) is None  # the CPU: no places to take
+
+
+def test_a_job_takes_a_place_on_the_gpu_with_the_most_free_not_a_fixed_one(tmp_path):
+    """Launches side by side each dealt their jobs to the GPUs in turn from GPU 0, and a job bound to a full GPU 0
+    waited while the other GPUs had places (2026-11-30, 4 x H200: one waited 17 minutes, then could not start)."""
+    from hydra_plugins.duality_launcher.gpus import Slot
+    held = [Slot.take(tmp_path, [0], per_gpu=3) for _ in range(3)]  # another launch fills GPU 0
+    t = time.time()
+    taken = [Slot.take(tmp_path, [0, 1, 2], per_gpu=3, until=t + 5, poll=0.1) for _ in range(4)]
+    assert time.time() - t < 1 and [s.gpu for s in taken] == [1, 2, 1, 2]  # none waits on GPU 0; 1 and 2 evenly
+    held[0].free()  # GPU 0: 1 free, GPU 1 and 2 1 each: a tie goes in the GPUs' order
+    assert [Slot.take(tmp_path, [0, 1, 2], per_gpu=3).gpu for _ in range(3)] == [0, 1, 2]
+    assert Slot.take(tmp_path, [0, 1, 2], per_gpu=3, until=time.time() + 0.3, poll=0.1) is None  # all 9 taken
 
 
 @pytest.mark.slow

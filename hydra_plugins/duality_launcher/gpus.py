@@ -7,9 +7,9 @@
 
 Hydra's basic launcher runs the jobs one after another in its own process, on one GPU; the submitit launcher's local
 mode gives every job the same GPUs. Here each job is a process of its own, started with CUDA_VISIBLE_DEVICES set to
-one GPU, and a GPU takes its next job when one of its own ends, so jobs of unequal length keep every GPU busy.
+one GPU, the one with the most free places when the job starts, so jobs of unequal length keep every GPU busy.
 Launches on one machine share each GPU's `per_gpu` places (lock files in `slots_dir`): two sweeps started side by
-side on a GPU fill it together, and neither waits for the other's last job to end. A
+side fill the GPUs together, and neither waits for the other's last job to end. A
 job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` says which GPU ran which job, when, and
 how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
 still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more;
@@ -112,11 +112,10 @@ class GPUsLauncher(Launcher):
         payloads = sweep_dir / ".launcher" / f"{socket.gethostname()}-{os.getpid()}"
         payloads.mkdir(parents=True, exist_ok=True)
         gpus = self.gpus if self.gpus is not None else visible_gpus()
-        # a slot is one job at a time on one GPU (None: no GPU, the jobs share the CPU); a GPU's slots interleave
-        slots = [g for _ in range(self.per_gpu) for g in (gpus or [None])]
+        at_once = self.per_gpu * max(1, len(gpus))  # with no GPU, per_gpu jobs share the CPU
         # CPU threads a job: the cores shared out over the jobs that run at once, as torchrun does (each process's
         # default is every core, and 6 jobs' spinning OpenMP threads on 64 cores slowed each to a GPU-idle crawl)
-        omp = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // len(slots)))
+        omp = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // at_once))
         log.info(f"Launching {len(job_overrides)} jobs on {f'GPUs {gpus}' if gpus else 'the CPU'}, "
                  f"{self.per_gpu} at once on each, {omp} CPU threads each")
         todo: queue.Queue = queue.Queue()
@@ -159,7 +158,7 @@ class GPUsLauncher(Launcher):
                                     "start": round(start, 3), "wall_s": round(time.time() - start, 3), "status": status,
                                     "returncode": rc, "per_gpu": self.per_gpu}) + "\n")
 
-        def worker(gpu):
+        def worker():
             while True:
                 try:
                     idx, overrides = todo.get_nowait()
@@ -174,16 +173,17 @@ class GPUsLauncher(Launcher):
                         out.write(f"[launcher] precheck {self.precheck}: the job was not started\nerror: {why}\n")
                     with lock:
                         results[idx] = _passed_over(cfg, job_dir, f"refused: {why}")
-                        note(idx, gpu, overrides, time.time(), "REFUSED", None, job_dir)
+                        note(idx, None, overrides, time.time(), "REFUSED", None, job_dir)
                     continue
                 if not done and (why := not_ready(cfg)):  # e.g. a seeds job whose grid is not over: a later launch
                     with lock:
                         results[idx] = _passed_over(cfg, job_dir, f"waiting: {why}")
                         waits[job_dir] = why
-                        note(idx, gpu, overrides, time.time(), "WAITING", None, job_dir)
+                        note(idx, None, overrides, time.time(), "WAITING", None, job_dir)
                     continue
-                # a slot of the GPU, shared with other launches on this machine (none for a finished job)
-                slot = None if done else Slot.take(self.slots_dir, gpu, self.per_gpu, until=last_start)
+                # a place on a GPU, shared with other launches on this machine (none for a finished job)
+                slot = None if done else Slot.take(self.slots_dir, gpus, self.per_gpu, until=last_start)
+                gpu = slot.gpu if slot else None
                 with lock:
                     expected = lengths.expected(overrides)
                 late = finish_at is not None and expected is not None and time.time() + expected > finish_at
@@ -223,7 +223,7 @@ class GPUsLauncher(Launcher):
                 if ret.status != JobStatus.COMPLETED:
                     log.error(f"\t#{idx} on {where} failed (exit {rc}): see {job_dir / 'job.log'}")
 
-        threads = [threading.Thread(target=worker, args=(g,), daemon=True) for g in slots]
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(at_once)]
         for t in threads:
             t.start()
         for t in threads:
@@ -243,28 +243,47 @@ class GPUsLauncher(Launcher):
 
 class Slot:
     """One of a GPU's `per_gpu` places, shared by every launch on this machine: an exclusive lock (flock) on one of the
-    files <slots_dir>/<gpu>.<k>, k < per_gpu. Two sweeps launched side by side on one GPU (a task's grid and its
-    seeds, or two tasks) so run at most per_gpu jobs on it together, and each takes a place the moment the other
-    frees one: no GPU oversubscribed, none idle while a launch still has jobs. The lock goes with its process, so a
-    killed launch leaves none behind."""
+    files <slots_dir>/<gpu>.<k>, k < per_gpu. Two sweeps launched side by side (a task's grid and its seeds, or two
+    tasks) so run at most per_gpu jobs on a GPU together, and each takes a place the moment the other frees one: no
+    GPU oversubscribed, none idle while a launch still has jobs. The lock goes with its process, so a killed launch
+    leaves none behind."""
 
-    def __init__(self, fd: int):
-        self.fd = fd
+    def __init__(self, fd: int, gpu):
+        self.fd, self.gpu = fd, gpu
+
+    @staticmethod
+    def _lock(path: Path) -> int | None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            os.close(fd)
+            return None
 
     @classmethod
-    def take(cls, slots_dir: Path, gpu, per_gpu: int, until: float = float("inf"), poll: float = 1.0):
-        """A free place on `gpu` (waiting for one), or None: for the CPU (gpu None), or once `until` has passed."""
-        if gpu is None:
+    def _is_free(cls, path: Path) -> bool:  # locked and let go at once: a counting taker holds one place at most
+        fd = cls._lock(path)
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
+
+    @classmethod
+    def take(cls, slots_dir: Path, gpus: Sequence, per_gpu: int, until: float = float("inf"), poll: float = 1.0):
+        """A free place on the one of `gpus` with the most free places (waiting for one), or None: for the CPU (no
+        gpus), or once `until` has passed. Any GPU, not one fixed per job: each launch dealt its jobs to the GPUs in
+        turn, so launches side by side all began on GPU 0, and a job bound to a full GPU 0 waited while GPUs 1-3 had
+        free places (2026-11-30, 4 x H200: it waited 17 minutes, then had no time left to start)."""
+        if not gpus:
             return None
         slots_dir.mkdir(parents=True, exist_ok=True)
+        places = {g: [slots_dir / f"{g}.{k}" for k in range(per_gpu)] for g in gpus}
         while time.time() < until:
-            for k in range(per_gpu):
-                fd = os.open(slots_dir / f"{gpu}.{k}", os.O_RDWR | os.O_CREAT, 0o666)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return cls(fd)
-                except BlockingIOError:
-                    os.close(fd)
+            free = {g: sum(map(cls._is_free, paths)) for g, paths in places.items()}
+            for g in sorted(gpus, key=lambda g: -free[g]):  # the most free first; a tie in the GPUs' order
+                for path in places[g]:
+                    if (fd := cls._lock(path)) is not None:
+                        return cls(fd, g)
             time.sleep(poll)
         return None
 
