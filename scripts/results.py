@@ -17,6 +17,7 @@ rerun's comparison in docs/results/<task>_rerun.json, which the page's block res
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import re
 import statistics
@@ -471,6 +472,18 @@ def s2_summary() -> str:
     low = len(rest) - len(learned)
     return out + (f"of the other {len(rest)} cells {low} stay{'s' * (low == 1)} at chance (under 60% within the "
                   f"training length), and above it: {said}.")
+
+
+def negeig_summary() -> str:
+    """The README's sentence on sweep=s2_negeig (DeltaNet and Gated DeltaNet with PaTH's range of beta), from its
+    table (scripts/collect_sweep.py's results.csv, each pair at its best lr); none before that sweep has run."""
+    path = RECORDS / "s2_negeig" / "results.csv"
+    if not path.is_file():
+        return ""
+    rows = list(csv.DictReader(path.open()))
+    within, past = (span(100 * float(r[col]) for r in rows) for col in ("val_acc", "val_acc_extrap"))
+    return (f" With PaTH's range of β, (0, 2), DeltaNet and Gated DeltaNet reach {within}% within the training length "
+            f"and {past}% past it ({len(rows)} pairs: `sweep=s2_negeig`, seed 0, each pair at its best lr).")
 
 
 def duality_table() -> str:

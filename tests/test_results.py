@@ -611,6 +611,22 @@ def test_the_readmes_s2_line_is_drawn_from_the_cells_with_three_seeds(tmp_path, 
         "90.0%.")
 
 
+def test_the_readmes_negeig_sentence_is_drawn_from_the_sweeps_table(tmp_path, monkeypatch):
+    """results.negeig_summary: the span of s2_negeig's best runs within and past the training length, from
+    collect_sweep's results.csv; nothing where the sweep has not run."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path)
+    assert results.negeig_summary() == ""
+    (tmp_path / "s2_negeig").mkdir()
+    (tmp_path / "s2_negeig" / "results.csv").write_text(
+        "model,task,val_acc,val_acc_extrap,lr\ndeltanet + nope,s2,1.0,0.97284375,0.0015\n"
+        "gated_deltanet + rope,s2,0.9996,0.999,0.0005\n")
+    assert results.negeig_summary() == (
+        " With PaTH's range of β, (0, 2), DeltaNet and Gated DeltaNet reach 100.0% within the training length and "
+        "97.3–99.9% past it (2 pairs: `sweep=s2_negeig`, seed 0, each pair at its best lr).")
+
+
 def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tmp_path, monkeypatch):
     """launcher.jsonl -> each run's GPU-seconds (the status table's time left): 4 jobs side by side for 800 s cost
     about 200 each (a refused job's 10 s beside them hardly counts); a job alone its whole wall time; a paused run
