@@ -480,7 +480,7 @@ def negeig_summary() -> str:
     path = RECORDS / "s2_negeig" / "results.csv"
     if not path.is_file():
         return ""
-    rows = list(csv.DictReader(path.open()))
+    rows = list(csv.DictReader(path.read_text().splitlines()))
     within, past = (span(100 * float(r[col]) for r in rows) for col in ("val_acc", "val_acc_extrap"))
     return (f" With PaTH's range of β, (0, 2), DeltaNet and Gated DeltaNet reach {within}% within the training length "
             f"and {past}% past it ({len(rows)} pairs: `sweep=s2_negeig`, seed 0, each pair at its best lr).")
