@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from .errors import USER_ERRORS, ConfigError, describe_storage, storage_cause
@@ -97,6 +98,9 @@ def _best_lr(metric: str, *, _root_) -> float:
     return best_lr(hc.sweep.dir, f"{_root_.backbone.name}-{_root_.pe.name}", metric, hc.launcher.get("record"))
 
 
+RANK0_GRACE_S = 30  # how long another rank with a config error waits for rank 0 to say it and exit
+
+
 def cli(run_fn, config_name: str, script: str | None = None):
     import hydra
     from omegaconf import OmegaConf
@@ -126,6 +130,8 @@ def cli(run_fn, config_name: str, script: str | None = None):
             # a config error is every rank's under torchrun: rank 0 says it; other errors may be one rank's own
             if os.environ.get("RANK", "0") == "0" or not isinstance(e, ConfigError):
                 print(f"error: {e}", file=sys.stderr)
+            else:  # torchrun stops every process once one exits: a rank that exited first cut rank 0 off before its
+                time.sleep(RANK0_GRACE_S)  # line (a loaded 2-core CI machine); rank 0's exit ends this wait at once
             sys.exit(2)
         except (OSError, RuntimeError) as e:  # a place that cannot be written: one line, the path and the cause
             if lost_peer(e):

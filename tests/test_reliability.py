@@ -306,6 +306,29 @@ def test_read_only_and_forbidden_places_are_one_error_line(code, capsys, monkeyp
     assert capsys.readouterr().err.strip() == f"error: /data/cache/train.bin: {why} ({code})"
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_config_error_is_said_by_rank_0_while_the_others_wait_for_it(rank, capsys, monkeypatch):
+    """Under torchrun every rank meets a config error; rank 0 says it. Another rank that exited first had torchrun
+    stop rank 0 before its line (the test of torchrun's batch error, once, on the 2-core CI machine): it waits."""
+    from duality.common import cli as cli_module
+    from duality.common.errors import ConfigError
+
+    def run(cfg):
+        raise ConfigError("train.global_batch_tokens=2048 is not a multiple of 96")
+    waits = []
+    monkeypatch.setattr(cli_module.time, "sleep", waits.append)
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as e:
+        cli_module.cli(run, "config")
+    said = capsys.readouterr().err.strip()
+    assert e.value.code == 2
+    if rank == "0":
+        assert (said, waits) == ("error: train.global_batch_tokens=2048 is not a multiple of 96", [])
+    else:
+        assert (said, waits) == ("", [cli_module.RANK0_GRACE_S])
+
+
 def test_each_backward_runs_in_its_micro_batchs_no_sync_and_the_forwards_attention_backends():
     """FSDP2 reads its no-sync flags in backward (a micro-batch's backward outside them reduce-scattered and
     re-sharded every micro-batch), and activation checkpointing recomputes the forward in backward, where it must
