@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -345,11 +346,16 @@ def main(argv=None):
     if a.command == "plot":
         plot_record(a.record, a.out)
         return
+    from duality.common.errors import USER_ERRORS
     from duality.data import Tokenizer
     from duality.trainer.checkpoint import read_checkpoint
-    tok = Tokenizer.from_dict(read_checkpoint(a.ckpt)[1]["tokenizer"])
-    exs = examples(encoder(tok), a.tasks, a.lengths, a.depths, a.samples, a.haystack,
-                   haystack_sentences(a.haystack, None), a.values, a.digits, a.seed)
+    try:  # a bad option or checkpoint: one line, as eval.py says it (common/cli.py), not a traceback
+        tok = Tokenizer.from_dict(read_checkpoint(a.ckpt)[1]["tokenizer"])
+        exs = examples(encoder(tok), a.tasks, a.lengths, a.depths, a.samples, a.haystack,
+                       haystack_sentences(a.haystack, None), a.values, a.digits, a.seed)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     names = write_tasks(exs, a.out, tok)
     print(f"{len(names)} tasks, {len(exs)} examples in {a.out}: lm_eval ... --include_path {a.out} --tasks "
           "retrieval (generation) or retrieval_ll (teacher forcing)")

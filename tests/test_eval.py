@@ -467,3 +467,18 @@ def test_bench_forward_seconds_counts_only_the_model_calls(monkeypatch):
     lm, syncs = Scorer(), []
     assert bench_lm_eval.forward_seconds(lm, [1, 2, 3], lambda: syncs.append(1)) == 6.0
     assert len(syncs) == 6 and "_forward" not in vars(lm) and lm._forward(5) == 5
+
+
+def test_the_local_tasks_say_how_their_metrics_aggregate(monkeypatch, caplog):
+    """The pydoc_* YAMLs (the template for a user's own tasks) give each metric its aggregation and direction
+    (lm-eval's defaults, so the scores are the ones before): lm-eval warned twice per metric, nine lines a run."""
+    import logging
+
+    from duality.evals.harness import load_tasks
+    monkeypatch.chdir(ROOT)
+    with caplog.at_level(logging.WARNING):
+        tm = load_tasks(["pydoc_mc", "pydoc_ppl", "pydoc_complete"], LOCAL)
+        tasks = tm.load(["pydoc_mc", "pydoc_ppl", "pydoc_complete"])
+    said = [r.getMessage() for r in caplog.records if "is defined, but" in r.getMessage()]
+    assert said == [], said
+    assert len(tasks) == 3

@@ -253,9 +253,19 @@ def test_the_lm_eval_route_gives_mode_retrievals_scores(run, tmp_path):
             assert preds == mine and len(mine) == 6
 
 
-def test_refusals_are_one_line(run, bpe, tmp_path):
+def test_refusals_are_one_line(run, bpe, tmp_path, capsys):
     """A length past an absolute scheme's positions, an unknown task, a haystack file too short: each a ConfigError
-    of one line, before any example is scored."""
+    of one line, before any example is scored; the task-file command says its refusals as one `error:` line, exit 2,
+    nothing written (it printed a traceback)."""
+    for args, words in (([str(run), "--lengths", "16"], ["passkey", "16 tokens cannot hold"]),
+                        ([str(run), "--tasks", "needle"], ["needle", "niah_single"]),
+                        ([str(tmp_path / "none"), ], ["no checkpoint there"])):
+        with pytest.raises(SystemExit) as e:
+            RV.main(["tasks", args[0], str(tmp_path / "tasks"), *args[1:]])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+        assert all(w in err for w in words) and "Traceback" not in err, err
+        assert not (tmp_path / "tasks").exists()
     def refused(overrides, *words):
         with pytest.raises(ConfigError) as e:
             eval_lib.run(compose(["mode=retrieval", "device=cpu", *overrides], "eval"))
