@@ -343,13 +343,12 @@ def main(argv=None):
     p.add_argument("record", type=Path)
     p.add_argument("out", type=Path, help="the heatmap's path (the curve: beside it, _by_length.png)")
     a = ap.parse_args(argv)
-    if a.command == "plot":
-        plot_record(a.record, a.out)
-        return
     from duality.common.errors import USER_ERRORS
     from duality.data import Tokenizer
     from duality.trainer.checkpoint import read_checkpoint
-    try:  # a bad option or checkpoint: one line, as eval.py says it (common/cli.py), not a traceback
+    try:  # a bad option, checkpoint or record: one line, as eval.py says it (common/cli.py), not a traceback
+        if a.command == "plot":
+            return plot_record(a.record, a.out)
         tok = Tokenizer.from_dict(read_checkpoint(a.ckpt)[1]["tokenizer"])
         exs = examples(encoder(tok), a.tasks, a.lengths, a.depths, a.samples, a.haystack,
                        haystack_sentences(a.haystack, None), a.values, a.digits, a.seed)

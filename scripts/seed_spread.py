@@ -338,6 +338,8 @@ def main():
     ap.add_argument("--device", default="", help="--record: where they ran")
     ap.add_argument("--software", default="", help="--record: torch, Triton, FLA versions")
     args = ap.parse_args()
+    if missing := [str(p) for p in args.records if not p.exists()]:
+        raise SystemExit(f"no such record or run folder: {', '.join(missing)}")
     if args.record:
         rec = record(args.records, args.note, args.device, args.software)
         args.record.write_text(json.dumps(rec, indent=1) + "\n")

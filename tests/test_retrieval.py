@@ -266,6 +266,10 @@ def test_refusals_are_one_line(run, bpe, tmp_path, capsys):
         assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
         assert all(w in err for w in words) and "Traceback" not in err, err
         assert not (tmp_path / "tasks").exists()
+    with pytest.raises(SystemExit) as e:  # plot: a record that is not there
+        RV.main(["plot", str(tmp_path / "none.json"), str(tmp_path / "fig.png")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and "none.json" in err and "Traceback" not in err, err
     def refused(overrides, *words):
         with pytest.raises(ConfigError) as e:
             eval_lib.run(compose(["mode=retrieval", "device=cpu", *overrides], "eval"))

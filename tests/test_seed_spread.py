@@ -166,3 +166,13 @@ def test_final_curves_are_the_finished_runs_curves_averaged_over_seeds(tmp_path)
     assert (tmp_path / "final.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="no finished run"):
         seed_spread.finals([a], setting="mqar")
+
+
+def test_a_missing_record_is_named_before_any_is_read(tmp_path, monkeypatch):
+    """A path that is not there: one line naming it (it was a FileNotFoundError traceback), nothing written."""
+    good = records(tmp_path, {"mqar-a-s0": [0.5]})
+    out = tmp_path / "rec.json"
+    monkeypatch.setattr("sys.argv", ["seed_spread.py", str(good), str(tmp_path / "gone"), "--record", str(out)])
+    with pytest.raises(SystemExit, match=f"no such record or run folder: {tmp_path / 'gone'}$"):
+        seed_spread.main()
+    assert not out.exists()
