@@ -474,16 +474,24 @@ def s2_summary() -> str:
                   f"training length), and above it: {said}.")
 
 
-def negeig_summary() -> str:
-    """The README's sentence on sweep=s2_negeig (DeltaNet and Gated DeltaNet with PaTH's range of beta), from its
-    table (scripts/collect_sweep.py's results.csv, each pair at its best lr); none before that sweep has run."""
+def negeig_runs() -> dict[tuple[str, str], dict]:
+    """sweep=s2_negeig (DeltaNet and Gated DeltaNet with PaTH's range of beta, seed 0): (backbone, pe) -> the S2
+    scores of the pair's best lr, from its table (scripts/collect_sweep.py's results.csv); {} before it has run."""
     path = RECORDS / "s2_negeig" / "results.csv"
     if not path.is_file():
+        return {}
+    return {tuple(r["model"].split(" + ")): {k: float(r[k]) for k in ("val_acc", "val_acc_extrap")}
+            for r in csv.DictReader(path.read_text().splitlines())}
+
+
+def negeig_summary() -> str:
+    """The README's sentence on sweep=s2_negeig; none before that sweep has run."""
+    runs = negeig_runs().values()
+    if not runs:
         return ""
-    rows = list(csv.DictReader(path.read_text().splitlines()))
-    within, past = (span(100 * float(r[col]) for r in rows) for col in ("val_acc", "val_acc_extrap"))
+    within, past = (span(100 * r[col] for r in runs) for col in ("val_acc", "val_acc_extrap"))
     return (f" With PaTH's range of β, (0, 2), DeltaNet and Gated DeltaNet reach {within}% within the training length "
-            f"and {past}% past it ({len(rows)} pairs: `sweep=s2_negeig`, seed 0, each pair at its best lr).")
+            f"and {past}% past it ({len(runs)} pairs: `sweep=s2_negeig`, seed 0, each pair at its best lr).")
 
 
 def duality_table() -> str:
@@ -494,10 +502,16 @@ def duality_table() -> str:
     head = [f"{recs[t]['title']} {label}" for t in recs for label, _ in TASKS[t]["points"][:2]]
     out = ["| dual pair | softmax side | linear side | " + " | ".join(head) + " |",
            "|---|---|---|" + "---|" * len(head)]
+    negeig = negeig_runs()
     for name, (b1, p1), (b2, p2) in DUAL_PAIRS:
         vals = [f"{cell(r, b1, p1, label)} vs {cell(r, b2, p2, label)}" for t, r in recs.items()
                 for label, _ in TASKS[t]["points"][:2]]
         out.append(f"| {name} | {b1} + {p1} | {b2} + {p2} | " + " | ".join(vals) + " |")
+        if (b2, p2) in negeig:  # the like-for-like dual: the delta rule with PaTH's beta range (S2 alone, seed 0)
+            vals = [f"{cell(r, b1, p1, label)} vs {100 * get(negeig[b2, p2]):.1f} (1 seed)" if t == "s2" else
+                    "not run" for t, r in recs.items() for label, get in TASKS[t]["points"][:2]]
+            out.append(f"| {name}, β in (0, 2) | {b1} + {p1} | {b2} + {p2}, allow_neg_eigval | " + " | ".join(vals)
+                       + " |")
     return "\n".join(out)
 
 

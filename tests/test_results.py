@@ -627,6 +627,30 @@ def test_the_readmes_negeig_sentence_is_drawn_from_the_sweeps_table(tmp_path, mo
         "97.3–99.9% past it (2 pairs: `sweep=s2_negeig`, seed 0, each pair at its best lr).")
 
 
+def test_the_dual_pairs_table_adds_the_delta_rule_with_paths_beta_range_beside_its_pair(tmp_path, monkeypatch):
+    """duality_table: below PaTH <-> DeltaNet and PaTH-FoX <-> Gated DeltaNet, the same pairs with DeltaNet's beta in
+    (0, 2) (sweep=s2_negeig's best run, seed 0) on S2, "not run" on the other tasks; no such row without the sweep."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path)
+    (tmp_path / "s2.json").write_text((ROOT / "docs" / "results" / "s2.json").read_text())
+    (tmp_path / "mqar.json").write_text((ROOT / "docs" / "results" / "mqar.json").read_text())
+    plain = results.duality_table()
+    assert "β in (0, 2)" not in plain and len(plain.splitlines()) == 2 + len(results.DUAL_PAIRS)
+    (tmp_path / "s2_negeig").mkdir()
+    (tmp_path / "s2_negeig" / "results.csv").write_text(
+        "model,task,val_acc,val_acc_extrap,lr\ndeltanet + nope,s2,1.0,0.97284375,0.0015\n"
+        "deltanet + rope,s2,1.0,0.5,0.0005\n")  # a scheme no dual pair has: no row
+    lines = results.duality_table().splitlines()
+    assert len(lines) == 3 + len(results.DUAL_PAIRS)
+    i = next(k for k, line in enumerate(lines) if line.startswith("| PaTH ↔ DeltaNet |"))
+    path, neg = lines[i].split(" | "), lines[i + 1].split(" | ")
+    assert neg[:3] == ["| PaTH ↔ DeltaNet, β in (0, 2)", "path + nope", "deltanet + nope, allow_neg_eigval"]
+    assert neg[3:5] == ["not run", "not run"]  # MQAR's two points
+    assert neg[5] == path[5].split(" vs ")[0] + " vs 100.0 (1 seed)"
+    assert neg[6].rstrip(" |") == path[6].split(" vs ")[0] + " vs 97.3 (1 seed)"
+
+
 def test_a_runs_cost_is_its_wall_time_over_the_mean_number_of_jobs_on_its_gpu(tmp_path, monkeypatch):
     """launcher.jsonl -> each run's GPU-seconds (the status table's time left): 4 jobs side by side for 800 s cost
     about 200 each (a refused job's 10 s beside them hardly counts); a job alone its whole wall time; a paused run
