@@ -471,7 +471,7 @@ def test_bench_forward_seconds_counts_only_the_model_calls(monkeypatch):
 
 def test_the_local_tasks_say_how_their_metrics_aggregate(monkeypatch, caplog):
     """The pydoc_* YAMLs (the template for a user's own tasks) give each metric its aggregation and direction
-    (lm-eval's defaults, so the scores are the ones before): lm-eval warned twice per metric, nine lines a run."""
+    (lm-eval's defaults, so the scores are the ones before): lm-eval warned twice per metric, 12 lines a run."""
     import logging
 
     from duality.evals.harness import load_tasks

@@ -314,6 +314,38 @@ def test_a_sweeps_deadline_checkpoints_the_running_jobs_and_starts_no_more(tmp_p
 
 
 @pytest.mark.slow
+def test_a_signal_to_the_launcher_checkpoints_its_running_job_and_starts_no_more(tmp_path):
+    """SIGTERM to the launcher alone (`timeout`, `kill`): as at the deadline, its running job checkpoints and exits 0
+    (PAUSED), the waiting one is not started, the launcher says so and exits 0, and no job process is left. Before,
+    the launcher died at once (-15) and its job trained on with no one to stop it."""
+    import signal
+    sweep = tmp_path / "signalled"
+    proc = subprocess.Popen([sys.executable, "train.py", "-m", *TINY, f"hydra.sweep.dir={sweep}", NO_RECORD,
+                             "sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "optim.lr=1e-3",
+                             "hydra.launcher.per_gpu=1", "train.epochs=10000"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = sweep / "transformer-nope" / "lr0.001-s0"
+    t0 = time.time()
+    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip()):  # it trains
+        assert proc.poll() is None and time.time() - t0 < 300, proc.stderr.read()[-2000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    status = {x["overrides"][1]: x for x in _rows(sweep)}
+    assert (status["pe=nope"]["status"], status["pe=nope"]["returncode"]) == ("PAUSED", 0)
+    assert status["pe=rope"]["status"] == "NOT_STARTED" and not (sweep / "transformer-rope").exists()
+    assert "SIGTERM: stopped after this step: checkpointed" in (run / "job.log").read_text()
+    assert (run / "checkpoints" / "latest").exists() and "stopped by a signal" in out + err
+    def cmdline(pid_dir):
+        try:
+            return (pid_dir / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # a process that has just ended
+            return ""
+    assert [p for p in Path("/proc").glob("[0-9]*") if str(sweep) in cmdline(p)] == []  # a job names its payload
+
+
+@pytest.mark.slow
 def test_a_sweeps_start_by_lets_the_running_job_finish_and_starts_no_more(tmp_path):
     """hydra.launcher.start_by (a lease's end): the job running then finishes, the one waiting is not started (3 s
     from the launcher's start: the first job starts within it, the second after the first's several seconds)."""

@@ -259,7 +259,7 @@ def test_refusals_are_one_line(run, bpe, tmp_path, capsys):
     nothing written (it printed a traceback)."""
     for args, words in (([str(run), "--lengths", "16"], ["passkey", "16 tokens cannot hold"]),
                         ([str(run), "--tasks", "needle"], ["needle", "niah_single"]),
-                        ([str(tmp_path / "none"), ], ["no checkpoint there"])):
+                        ([str(tmp_path / "none")], ["no checkpoint there"])):
         with pytest.raises(SystemExit) as e:
             RV.main(["tasks", args[0], str(tmp_path / "tasks"), *args[1:]])
         err = capsys.readouterr().err
@@ -270,6 +270,7 @@ def test_refusals_are_one_line(run, bpe, tmp_path, capsys):
         RV.main(["plot", str(tmp_path / "none.json"), str(tmp_path / "fig.png")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and "none.json" in err and "Traceback" not in err, err
+
     def refused(overrides, *words):
         with pytest.raises(ConfigError) as e:
             eval_lib.run(compose(["mode=retrieval", "device=cpu", *overrides], "eval"))
