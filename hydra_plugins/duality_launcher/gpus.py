@@ -58,7 +58,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
@@ -146,8 +146,7 @@ class GPUsLauncher(Launcher):
         pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here]))
 
         ended: dict[str, list[Path]] = {}  # status -> the job folders that ended so, for the summary
-        def stopped() -> bool:  # a signal to the launcher (below): stop as at the deadline
-            return signals.received is not None
+        stop = threading.Event()  # a signal to the launcher (_stop_on_signals): stop as at the deadline
         host = socket.gethostname()  # with the GPU, which device a job ran on (scripts/results.py: a run's GPU cost)
         refusal = _function(self.precheck, "precheck") if self.precheck else (lambda cfg: None)
         not_ready = _function(self.ready, "ready") if self.ready else (lambda cfg: None)
@@ -185,16 +184,16 @@ class GPUsLauncher(Launcher):
                         note(idx, None, overrides, time.time(), "WAITING", None, job_dir)
                     continue
                 # a place on a GPU, shared with other launches on this machine (none for a finished job)
-                slot = None if done else Slot.take(self.slots_dir, gpus, self.per_gpu, last_start, stopped=stopped)
+                slot = None if done else Slot.take(self.slots_dir, gpus, self.per_gpu, until=last_start, stop=stop)
                 gpu = slot.gpu if slot else None
                 with lock:
                     expected = lengths.expected(overrides)
                 late = finish_at is not None and expected is not None and time.time() + expected > finish_at
-                if done or late or time.time() >= last_start or stopped():
+                if done or late or time.time() >= last_start or stop.is_set():
                     if slot:
                         slot.free()
                     why = "done" if done else f"expected to take {expected:.0f} s, past finish_by" if late else \
-                        "stopped by a signal" if stopped() else "no time to start"
+                        "stopped by a signal" if stop.is_set() else "no time to start"
                     with lock:  # passed over: done before, or no time left to start or finish (the next launch)
                         results[idx] = _passed_over(cfg, job_dir, why)
                         note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
@@ -214,11 +213,11 @@ class GPUsLauncher(Launcher):
                     with open(job_dir / "job.log", "ab") as out:
                         proc = subprocess.Popen([sys.executable, "-m", __name__, str(payload)], env=env, stdout=out,
                                                 stderr=subprocess.STDOUT)
-                        rc, paused = _wait(proc, end, stopped)
+                        rc, stopped = _wait(proc, end, stop)
                     ret = _read_return(payload, rc, cfg, job_dir)
                     with lock:
                         results[idx] = ret
-                        paused = paused and ret.status == JobStatus.COMPLETED  # checkpointed at the deadline
+                        paused = stopped and ret.status == JobStatus.COMPLETED  # checkpointed at the deadline
                         note(idx, gpu, overrides, start, "PAUSED" if paused else ret.status.name, rc, job_dir)
                 finally:  # the place is free once the job's end is on record
                     if slot:
@@ -226,18 +225,13 @@ class GPUsLauncher(Launcher):
                 if ret.status != JobStatus.COMPLETED:
                     log.error(f"\t#{idx} on {where} failed (exit {rc}): see {job_dir / 'job.log'}")
 
-        # the trainer's handlers (trainer/preempt.py): killed by the default ones instead (`timeout`, a `kill` of the
-        # launcher alone), the launcher left its jobs training with no one to stop them, and freed their GPU places
-        # (the locks went with it) to the next launch's jobs
-        from duality.trainer.preempt import StopSignals
-        signals = StopSignals(["SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP"])
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(at_once)]
-        with signals:
+        with _stop_on_signals(stop):
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-        if stopped():
+        if stop.is_set():
             log.warning("stopped by a signal: the running jobs checkpointed (PAUSED), none started after it; run the "
                         "same command again to go on")
         for folder in (payloads, payloads.parent):  # empty once every job's payload and result were read
@@ -282,16 +276,16 @@ class Slot:
 
     @classmethod
     def take(cls, slots_dir: Path, gpus: Sequence, per_gpu: int, until: float = float("inf"), poll: float = 1.0,
-             stopped: Callable[[], bool] = lambda: False):
+             stop: threading.Event | None = None):
         """A free place on the one of `gpus` with the most free places (waiting for one), or None: for the CPU (no
-        gpus), once `until` has passed, or once `stopped()`. Any GPU, not one fixed per job: each launch dealt its
+        gpus), once `until` has passed, or once `stop` is set. Any GPU, not one fixed per job: each launch dealt its
         jobs to the GPUs in turn, so launches side by side all began on GPU 0, and a job bound to a full GPU 0 waited
         while GPUs 1-3 had free places (2026-11-30, 4 x H200: it waited 17 minutes, then had no time left to start)."""
         if not gpus:
             return None
         slots_dir.mkdir(parents=True, exist_ok=True)
         places = {g: [slots_dir / f"{g}.{k}" for k in range(per_gpu)] for g in gpus}
-        while time.time() < until and not stopped():
+        while time.time() < until and not (stop and stop.is_set()):
             free = {g: sum(map(cls._is_free, paths)) for g, paths in places.items()}
             for g in sorted(gpus, key=lambda g: -free[g]):  # the most free first; a tie in the GPUs' order
                 for path in places[g]:
@@ -377,16 +371,37 @@ def error_line(log: Path) -> str | None:
     return errors[-1] if errors else None
 
 
-def _wait(proc: subprocess.Popen, end: float | None, stopped: Callable[[], bool]) -> tuple[int, bool]:
+def _wait(proc: subprocess.Popen, end: float | None, stop: threading.Event) -> tuple[int, bool]:
     """The job's exit code, and whether the deadline or a signal to the launcher stopped it: then it gets SIGTERM once
     (the trainer finishes its step, checkpoints and exits 0)."""
     while True:
         try:
             return proc.wait(timeout=1.0 if end is None else min(1.0, max(0.0, end - time.time()))), False
         except subprocess.TimeoutExpired:
-            if stopped() or (end is not None and time.time() >= end):
+            if stop.is_set() or (end is not None and time.time() >= end):
                 proc.send_signal(signal.SIGTERM)
                 return proc.wait(), True
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event):
+    """While the launch runs, SIGTERM, SIGINT, SIGUSR1 or SIGHUP to the launcher sets `stop` (a stop, as the trainer
+    takes each, not an exception): its running jobs then get SIGTERM (they checkpoint: PAUSED) and none starts, as at
+    the deadline. Killed by the default handler instead (`timeout`, a `kill` of the launcher alone), the launcher left
+    its jobs training with no one to stop them, and freed their GPU places (the locks went with it) to the next
+    launch's jobs. A signal that is ignored (SIGHUP under nohup) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+        yield
+        return
+    before = {}
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            before[sig] = signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _function(name: str, option: str):
