@@ -74,7 +74,13 @@ def choose(done: dict[float, dict], metric: str = "val_acc") -> float | None:
     ok = {lr: r for lr, r in done.items() if r.get("status") != "diverged"}
     if not ok:
         return None
-    return max(ok, key=lambda lr: (ok[lr].get(metric) or 0.0, -(ok[lr].get("val_loss") or float("inf"))))
+    return max(ok, key=lambda lr: rank(ok[lr], metric))
+
+
+def rank(run: dict, metric: str = "val_acc") -> tuple[float, float]:
+    """A run's place among a pair's runs, higher better: its `metric`, then the lower val_loss (ties on a saturated
+    metric, e.g. 100% within the training length, are common)."""
+    return run.get(metric) or 0.0, -(run.get("val_loss") or float("inf"))
 
 
 def recorded_grid(runs: dict, pair: str) -> tuple[dict[float, dict], set[float]]:

@@ -10,12 +10,13 @@ validation loss against tokens of every run (results_lm.png), from each run's co
 
 Reads every <dir>/**/task_eval.json that train.py writes at the end of a task run. Runs that differ only in the
 optimiser (optim.lr, optim.weight_decay, ...) are one cell; the cell reports the best of them by --metric (seed 004's
-"best over learning rates"). Rows are models (backbone + positional scheme with its non-default flags, and any other
-model/backbone field the sweep varies); columns are task settings (the task and any data field the sweep varies).
-Writes results.md, results.csv, results.png (accuracy vs length of each cell's best run) and results_training.png
-(its evaluations during training: accuracy vs tokens seen, from the run's metrics.jsonl) to --out (default: the
-first sweep dir). State-tracking cells add the seed's sequence accuracy (every position up to L right); copying
-cells the seed's character accuracy (and results_letters.png).
+"best over learning rates"), ties to the lower validation loss as on the results page (common/grid.rank). Rows are
+models (backbone + positional scheme with its non-default flags, and any other model/backbone field the sweep varies);
+columns are task settings (the task and any data field the sweep varies). Writes results.md, results.csv, results.png
+(accuracy vs length of each cell's best run) and results_training.png (its evaluations during training: accuracy vs
+tokens seen, from the run's metrics.jsonl) to --out (default: the first sweep dir). State-tracking cells add the
+seed's sequence accuracy (every position up to L right); copying cells the seed's character accuracy (and
+results_letters.png).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+from duality.common.grid import rank  # noqa: E402
 from duality.data.tasks import SCORES, draw_curves  # noqa: E402
 
 IGNORED = {"cache_dir"}
@@ -159,13 +161,8 @@ def collect(runs, metric: str):
             row += f" seed={c['seed']}"
         col = " ".join([r["task"]] + [f"{k.split('.', 1)[1]}={flat[k]}" for k in col_keys if k != "data.name"])
         cells[(row, col)].append(r)
-    best = {}
-    for key, rs in cells.items():
-        def score(r):
-            v = r.get(metric)
-            return -math.inf if v is None else v
-        best[key] = max(rs, key=score)
-    return best
+    # the results page's rule (common/grid.rank): the metric, then the lower validation loss
+    return {key: max(rs, key=lambda r: rank(r, metric)) for key, rs in cells.items()}
 
 
 def main():

@@ -325,9 +325,10 @@ def status_table() -> str:
     for task, t in TASKS.items():
         p = progress(task)
         div = f" ({p['diverged']} diverged)" if p["diverged"] else ""
-        state = ("**done**" if not p["runs_left"] else
-                 f"**under way**: {p['runs_left']} runs left, about {p['hours_left']:.1f} hours of one H200 (each "
-                 "backbone's mean cost a run so far)")
+        n, h = p["runs_left"], p["hours_left"]
+        cost = f"{h:.1f} hours" if h >= 1 else f"{max(1, round(60 * h))} minutes"
+        state = ("**done**" if not n else f"**under way**: {n} run{'s' * (n != 1)} left, about {cost} of one H200 "
+                 "(each backbone's mean cost a run so far)")
         out.append(f"| [{t['title'].split(' (')[0]}](#{t['section']}), {t['what']} | {p['backbones']} backbones × "
                    f"{p['schemes']} schemes: {p['pairs']} accepted, {p['refused']} refused by the model | "
                    f"{p['grid']} of {p['grid_of']}{div} | {p['seeds']} of {p['seeds_of']} | {p['whole']} of "

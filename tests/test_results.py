@@ -659,6 +659,25 @@ def test_the_readmes_negeig_sentence_is_drawn_from_the_sweeps_table(tmp_path, mo
         "97.3–99.9% past it (2 pairs: `sweep=s2_negeig`, seed 0, each pair at its best lr).")
 
 
+def test_a_sweeps_table_breaks_a_tie_on_its_metric_as_the_results_page_does():
+    """collect_sweep's best run of a cell: the highest metric, then the lower val_loss (common/grid.rank, the rule
+    the page's lr choice follows), whatever order the runs are read in; S2's 100% within the training length ties
+    often."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import collect_sweep
+
+    def run(lr, acc, loss):
+        return {"task": "s2", "val_acc": acc, "val_loss": loss, "lr": lr,
+                "config": {"model": {"n_layer": 2}, "backbone": {"name": "gated_deltanet"}, "data": {"name": "s2"},
+                           "pe": {"name": "nope"}, "seed": 0, "optim": {"lr": lr}}}
+    runs = [run(1.7e-4, 1.0, 0.07), run(1.5e-3, 1.0, 0.007), run(5e-4, 0.99, 0.001)]
+    for order in (runs, runs[::-1]):
+        (best,) = collect_sweep.collect(order, "val_acc").values()
+        assert best["lr"] == 1.5e-3
+    (best,) = collect_sweep.collect([run(1e-3, None, 0.1), run(3e-3, 0.5, 0.9)], "val_acc").values()
+    assert best["lr"] == 3e-3  # a run without the metric ranks last
+
+
 def test_the_dual_pairs_table_adds_the_delta_rule_with_paths_beta_range_beside_its_pair(tmp_path, monkeypatch):
     """duality_table: below PaTH <-> DeltaNet and PaTH-FoX <-> Gated DeltaNet, the same pairs with DeltaNet's beta in
     (0, 2) (sweep=s2_negeig's best run, seed 0) on S2, "not run" on the other tasks; no such row without the sweep."""
@@ -768,6 +787,10 @@ def test_the_status_table_counts_the_runs_over_and_the_hours_left_from_the_recor
                         "**under way**: 185 runs left, about 9.0 hours of one H200 (each backbone's mean cost a run so "
                         "far) |")
     assert "state (2026-11-30)" in results.status_table()
+    # the last run left: one run, its time in minutes
+    monkeypatch.setattr(results, "progress", lambda task: {**p, "runs_left": 1, "hours_left": 110 / 3600})
+    row = next(x for x in results.status_table().splitlines() if x.startswith("| [S2 parity]"))
+    assert "**under way**: 1 run left, about 2 minutes of one H200 (each backbone's" in row, row
 
 
 def test_the_launchers_precheck_refuses_a_pair_as_its_process_would_and_a_bad_precheck_is_named(tmp_path):
