@@ -326,17 +326,25 @@ def main(argv=None):
     tokenizer (a run, a checkpoint or an export). python -m duality.evals.retrieval plot RECORD OUT: a study
     record's figures."""
     import argparse
-    ap = argparse.ArgumentParser(description=main.__doc__)
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, as the other refusals below (argparse's default adds its usage)
+            print(f"error: {message} (see --help)", file=sys.stderr)
+            raise SystemExit(2)
+    ap = Parser(description=main.__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("tasks", help="lm-eval task files")
     t.add_argument("ckpt", help="a run's folder, a step_*.pt file or an export: its tokenizer sizes the prompts")
     t.add_argument("out", type=Path, help="the task folder (lm_eval --include_path OUT)")
-    t.add_argument("--tasks", nargs="+", default=list(R.FAMILIES), help=f"any of {list(R.FAMILIES)}")
+    # the choices here, not only in examples(): refused by these options' names, before the checkpoint is read
+    t.add_argument("--tasks", nargs="+", default=list(R.FAMILIES), choices=list(R.FAMILIES), metavar="TASK",
+                   help=f"any of {list(R.FAMILIES)}")
     t.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096])
     t.add_argument("--depths", type=int, default=11)
     t.add_argument("--samples", type=int, default=4)
-    t.add_argument("--haystack", default="repeat", help=f"one of {list(R.HAYSTACKS)[:3]} (text: eval.py)")
-    t.add_argument("--values", default="numbers", help=f"one of {list(R.VALUES)}")
+    t.add_argument("--haystack", default="repeat", choices=list(R.HAYSTACKS)[:3],
+                   help=f"one of {list(R.HAYSTACKS)[:3]} (text, a corpus's sentences: eval.py mode=retrieval)")
+    t.add_argument("--values", default="numbers", choices=list(R.VALUES), help=f"one of {list(R.VALUES)}")
     t.add_argument("--digits", type=int, default=7)
     t.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("plot", help="a study record's heatmap and curve")

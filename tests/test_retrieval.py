@@ -258,7 +258,9 @@ def test_refusals_are_one_line(run, bpe, tmp_path, capsys):
     of one line, before any example is scored; the task-file command says its refusals as one `error:` line, exit 2,
     nothing written (it printed a traceback)."""
     for args, words in (([str(run), "--lengths", "16"], ["passkey", "16 tokens cannot hold"]),
-                        ([str(run), "--tasks", "needle"], ["needle", "niah_single"]),
+                        ([str(run), "--tasks", "needle"], ["argument --tasks", "needle", "niah_single"]),
+                        ([str(tmp_path / "none"), "--haystack", "text"], ["argument --haystack", "'text'", "noise"]),
+                        ([str(run), "--values", "letters"], ["argument --values", "letters", "words"]),
                         ([str(tmp_path / "none")], ["no checkpoint there"])):
         with pytest.raises(SystemExit) as e:
             RV.main(["tasks", args[0], str(tmp_path / "tasks"), *args[1:]])
