@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The results page's sweeps (docs/results/README.md) in one allocation of SECONDS (a Slurm job's time limit, a GPU
 # lease): each task's grid and seeds launched side by side on the visible GPUs, which share each GPU's places
-# (hydra.launcher.per_gpu, default 8), a job started only if it should end 90 s before the allocation does
-# (hydra.launcher.finish_by, from the run lengths in launcher.jsonl and the record), each sweep going on from where
-# its folders and its record (docs/results/<task>.json) left it. Run it again in the next allocation.
+# (hydra.launcher.per_gpu, default 8; a launch starts once the one before has dealt every job, which so takes the
+# places first), a job started only if it should end 90 s before the allocation does (hydra.launcher.finish_by, from
+# the run lengths in launcher.jsonl and the record), each sweep going on from where its folders and its record
+# (docs/results/<task>.json) left it. Run it again in the next allocation.
 #   bash scripts/results_sweeps.sh SECONDS [TASK ...]     TASK: s2, retrieval, mqar (default: s2 retrieval), or
 #                                                         another sweep config's name, one launch (e.g. s2_negeig)
 # EXTRA: more Hydra overrides for every launch (e.g. hydra.launcher.per_gpu=12; a sweep key given there replaces the
@@ -40,19 +41,24 @@ for t in "${tasks[@]}"; do
 done
 mkdir -p "$out"
 rc=0
+dealt() { tr '\r' '\n' < "$1" 2>/dev/null | grep -c "every job dealt"; }
 run_round() {  # the launches named ("$@"), side by side, each with finish_by at the allocation's end; waits for them
   local pids=() l sweep dir name left
   for l in "$@"; do
     IFS=: read -r sweep dir name <<< "$l"
     left=$(( end - $(date +%s) ))
     [ "$left" -gt 0 ] || break
+    before=$(dealt "$out/$name.log")  # the again-round appends to the first round's log
     # OMP_NUM_THREADS=1: a GPU's 8 jobs of each launch would otherwise share the cores 8 x launches ways
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ${PYTHON:-python} train.py -m "sweep=$sweep" hydra/launcher=gpus \
       logger=none "hydra.sweep.dir=$out/$dir" "hydra.launcher.finish_by=$left" ${EXTRA:-} >> "$out/$name.log" 2>&1 &
     pids+=($!)
     echo "$(date -u +%H:%M:%S) sweep=$sweep: finish_by=${left}s, log $out/$name.log"
-    # the earlier launch's jobs first in the GPUs' places (a grid's before its seeds); the next fills the rest
-    [ "$l" = "${*: -1}" ] || sleep 20
+    # the earlier launch's jobs first in the GPUs' places (a grid's before its seeds): the next launch starts once
+    # this one has dealt every job (its line in the log: each runs or waits for a place) or has ended
+    [ "$l" = "${*: -1}" ] && continue
+    while [ "$(dealt "$out/$name.log")" -le "$before" ] && kill -0 "${pids[-1]}" 2>/dev/null \
+          && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
   done
   for p in "${pids[@]}"; do wait "$p" || rc=1; done  # 1 where any job failed (not a refused or waiting one)
 }

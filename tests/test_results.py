@@ -416,6 +416,24 @@ def test_two_launches_into_one_sweep_folder_at_once_each_run_their_own_jobs(tmp_
     assert sorted(x["status"] for x in _rows(sweep)) == ["COMPLETED"] * 4
 
 
+@pytest.mark.slow
+def test_a_launch_says_every_job_dealt_once_each_runs_or_waits_for_a_place(tmp_path):
+    """The line scripts/results_sweeps.sh starts the next launch on: with one place (one GPU at per_gpu=1) and two
+    jobs, it comes once the first job has ended and the second is dealt, not at the launch's start, where the next
+    launch's job could take the place meant for the second."""
+    sweep = tmp_path / "one"
+    r = _sweep(sweep, "sweep=results_mqar", "backbone=transformer", "pe=nope,rope", "optim.lr=1e-3",
+               "hydra.launcher.gpus=[7]", "hydra.launcher.per_gpu=1", f"hydra.launcher.slots_dir={tmp_path / 's'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = (r.stdout + r.stderr).splitlines()
+    at = {key: [i for i, line in enumerate(lines) if key in line] for key in ("#0 on GPU 7", "every job dealt",
+                                                                           "#1 on GPU 7")}
+    assert [len(v) for v in at.values()] == [1, 1, 1], at
+    assert at["#0 on GPU 7"] < at["every job dealt"] < at["#1 on GPU 7"], lines
+    first, second = sorted((x["start"], x["start"] + x["wall_s"]) for x in _rows(sweep))
+    assert second[0] >= first[1] - 0.002  # one place: the second began when the first ended
+
+
 def test_a_gpus_places_are_shared_by_the_launches_on_the_machine(tmp_path):
     from hydra_plugins.duality_launcher.gpus import Slot
     a, b = Slot.take(tmp_path, [3], per_gpu=2), Slot.take(tmp_path, [3], per_gpu=2)
@@ -856,6 +874,8 @@ def test_the_allocation_script_runs_grid_and_seeds_side_by_side_and_the_next_all
         run = json.loads((tmp_path / "mqar" / "transformer-rope" / f"best-s{seed}" / "task_eval.json").read_text())
         assert run["config"]["optim"]["lr"] == best and run["config"]["seed"] == seed
     assert (tmp_path / "mqar-grid.log").is_file() and (tmp_path / "mqar-seeds.log").is_file()
+    # each launch said it had dealt every job: the grid's before the seeds launch started (the script waits on it)
+    assert (tmp_path / "mqar-grid.log").read_text().count("every job dealt") == 1
     assert not (tmp_path / "elsewhere").exists()
     # another sweep config (not a results task): one launch, into a folder of its name, under the allocation's rules
     r = subprocess.run(["bash", "scripts/results_sweeps.sh", "600", "parity"], cwd=ROOT, capture_output=True,

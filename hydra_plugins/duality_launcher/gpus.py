@@ -8,36 +8,37 @@
 Hydra's basic launcher runs the jobs one after another in its own process, on one GPU; the submitit launcher's local
 mode gives every job the same GPUs. Here each job is a process of its own, started with CUDA_VISIBLE_DEVICES set to
 one GPU, the one with the most free places when the job starts, so jobs of unequal length keep every GPU busy.
-Launches on one machine share each GPU's `per_gpu` places (lock files in `slots_dir`): two sweeps started side by
-side fill the GPUs together, and neither waits for the other's last job to end. A
-job's output goes to `<its folder>/job.log`; `<sweep folder>/launcher.jsonl` says which GPU ran which job, when, and
-how it ended. A sweep too long for one sitting runs in pieces: `deadline` (seconds after the launch) sends every job
-still running the trainer's stop signal (SIGTERM: it checkpoints and exits; resume=auto goes on) and starts no more
-(so does a SIGTERM, SIGINT, SIGUSR1 or SIGHUP to the launcher, at once);
-with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file, or a list of files, a
-job that is over leaves in its folder: task_eval.json, and nonfinite.json where it diverged) passes over those jobs;
-`record` (a results record, docs/results/<task>.json) passes over the runs it holds as over, so a sweep whose folders
-are gone (a machine wiped between leases, another cluster's scratch) continues from what the record already has.
-`start_by` (seconds after the launch) starts no job after it and lets the running ones finish: the end of a lease,
-where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch) starts a job
-only if it is expected to end by then, and goes on to the next job otherwise: expected from launcher.jsonl (every
-launch's into the sweep folder, read as it grows) and the record's runs, the longest completed job of the same
-backbone, at this launch's per_gpu (else the median of the backbones' longest; a job with nothing to go by starts),
-so a lease's last minutes still run the short jobs and no long one is started to be lost. The three count from the
-launcher's start, which Hydra makes before its sweeper composes every job's config to check it (50 s for a results
-sweep's 216 jobs on a 2-core CPU); the launcher composes a job's config again when a GPU place takes it, not all
-first (another 40 s of idle GPUs).
-`precheck` (a function's dotted name, the job's config -> why it cannot run, or None) refuses a job before its process
-starts, with `error: <why>` in its job.log, taking no GPU place: the repo's is the model's refusal of a backbone x
-scheme pair, which a results sweep (a product of backbones and schemes) meets for half its jobs by design. A refused job
-is REFUSED in launcher.jsonl and the summary, not a failure. `ready` (a function's dotted name too, the job's config ->
-why it cannot run yet, or None) holds a job for a later launch: WAITING, passed over like a job with no time left, no
-folder, no process, no place; the repo's is a results sweep's seeds job whose pair's grid is not over (best_lr has
-nothing to choose from yet: common/grid.py). Each job is Hydra's own multirun job (its folder, hydra.job.num, the
-sweep's wandb group), as the basic launcher would run it. Where any job failed (its process exited non-zero: a fault, or
-a grid diverged at every lr, with no lr for its seeds), the launch ends after its summary with one line and exit code 1,
-not the traceback of the first failed job that Hydra's basic sweeper would print. The job is handed over with
-cloudpickle (a dependency of submitit, so installed with this repo) because the task function Hydra passes is a closure.
+Launches on one machine share each GPU's `per_gpu` places (lock files in `slots_dir`): two sweeps started side by side
+fill the GPUs together, and neither waits for the other's last job to end; a launch logs `every job dealt` once each
+of its jobs runs, waits for a place or was passed over (scripts/results_sweeps.sh starts the next launch then, so the
+earlier one's jobs take the places first). A job's output goes to `<its folder>/job.log`; `<sweep
+folder>/launcher.jsonl` says which GPU ran which job, when, and how it ended. A sweep too long for one sitting runs in
+pieces: `deadline` (seconds after the launch) sends every job still running the trainer's stop signal (SIGTERM: it
+checkpoints and exits; resume=auto goes on) and starts no more (so does a SIGTERM, SIGINT, SIGUSR1 or SIGHUP to the
+launcher, at once); with a fixed hydra.sweep.dir and subdir the same command continues, and `skip_done` (a file, or a
+list of files, a job that is over leaves in its folder: task_eval.json, and nonfinite.json where it diverged) passes
+over those jobs; `record` (a results record, docs/results/<task>.json) passes over the runs it holds as over, so a
+sweep whose folders are gone (a machine wiped between leases, another cluster's scratch) continues from what the
+record already has. `start_by` (seconds after the launch) starts no job after it and lets the running ones finish: the
+end of a lease, where a paused job's checkpoint would be lost with the machine. `finish_by` (seconds after the launch)
+starts a job only if it is expected to end by then, and goes on to the next job otherwise: expected from
+launcher.jsonl (every launch's into the sweep folder, read as it grows) and the record's runs, the longest completed
+job of the same backbone, at this launch's per_gpu (else the median of the backbones' longest; a job with nothing to
+go by starts), so a lease's last minutes still run the short jobs and no long one is started to be lost. The three
+count from the launcher's start, which Hydra makes before its sweeper composes every job's config to check it (50 s
+for a results sweep's 216 jobs on a 2-core CPU); the launcher composes a job's config again when a GPU place takes it,
+not all first (another 40 s of idle GPUs). `precheck` (a function's dotted name, the job's config -> why it cannot
+run, or None) refuses a job before its process starts, with `error: <why>` in its job.log, taking no GPU place: the
+repo's is the model's refusal of a backbone x scheme pair, which a results sweep (a product of backbones and schemes)
+meets for half its jobs by design. A refused job is REFUSED in launcher.jsonl and the summary, not a failure. `ready`
+(a function's dotted name too, the job's config -> why it cannot run yet, or None) holds a job for a later launch:
+WAITING, passed over like a job with no time left, no folder, no process, no place; the repo's is a results sweep's
+seeds job whose pair's grid is not over (best_lr has nothing to choose from yet: common/grid.py). Each job is Hydra's
+own multirun job (its folder, hydra.job.num, the sweep's wandb group), as the basic launcher would run it. Where any
+job failed (its process exited non-zero: a fault, or a grid diverged at every lr, with no lr for its seeds), the
+launch ends after its summary with one line and exit code 1, not the traceback of the first failed job that Hydra's
+basic sweeper would print. The job is handed over with cloudpickle (a dependency of submitit, so installed with this
+repo) because the task function Hydra passes is a closure.
 """
 
 from __future__ import annotations
@@ -160,12 +161,25 @@ class GPUsLauncher(Launcher):
                                     "start": round(start, 3), "wall_s": round(time.time() - start, 3), "status": status,
                                     "returncode": rc, "per_gpu": self.per_gpu}) + "\n")
 
+        # "every job dealt" once the queue is empty and no worker is between taking a job and its GPU place: each job
+        # runs, waits for a place or was passed over. scripts/results_sweeps.sh starts the next launch on that line,
+        # so the earlier launch's jobs take the places first (a fixed 20 s was too short where one composed 144 jobs)
+        dealing, dealt = [0], threading.Event()
+
+        def settle(placed: int = 0):  # under `lock`
+            dealing[0] -= placed
+            if todo.empty() and not dealing[0] and not dealt.is_set():
+                dealt.set()
+                log.info("every job dealt: each runs, waits for a GPU place or was passed over")
+
         def worker():
             while True:
-                try:
-                    idx, overrides = todo.get_nowait()
-                except queue.Empty:
-                    return
+                with lock:
+                    try:
+                        idx, overrides = todo.get_nowait()
+                        dealing[0] += 1
+                    except queue.Empty:
+                        return settle()
                 cfg, job_dir = compose(idx, overrides)
                 done = any((job_dir / name).exists() for name in self.skip_done) or \
                     _relative(job_dir, sweep_dir) in recorded
@@ -176,13 +190,17 @@ class GPUsLauncher(Launcher):
                     with lock:
                         results[idx] = _passed_over(cfg, job_dir, f"refused: {why}")
                         note(idx, None, overrides, time.time(), "REFUSED", None, job_dir)
+                        settle(placed=1)
                     continue
                 if not done and (why := not_ready(cfg)):  # e.g. a seeds job whose grid is not over: a later launch
                     with lock:
                         results[idx] = _passed_over(cfg, job_dir, f"waiting: {why}")
                         waits[job_dir] = why
                         note(idx, None, overrides, time.time(), "WAITING", None, job_dir)
+                        settle(placed=1)
                     continue
+                with lock:
+                    settle(placed=1)
                 # a place on a GPU, shared with other launches on this machine (none for a finished job)
                 slot = None if done else Slot.take(self.slots_dir, gpus, self.per_gpu, until=last_start, stop=stop)
                 gpu = slot.gpu if slot else None
