@@ -358,6 +358,7 @@ def test_a_sweeps_start_by_lets_the_running_job_finish_and_starts_no_more(tmp_pa
     assert status["pe=nope"]["per_gpu"] == 1  # its sharing, which finish_by scales its wall_s from
     assert (sweep / "transformer-nope" / "lr0.001-s0" / "task_eval.json").exists()
     assert status["pe=rope"]["status"] == "NOT_STARTED" and not (sweep / "transformer-rope").exists()
+    assert "\t1 not started: no time to start\n" in r.stdout + r.stderr
 
 
 @pytest.mark.slow
@@ -388,6 +389,7 @@ def test_a_sweeps_finish_by_passes_over_a_job_expected_to_end_past_it_and_starts
     assert {x["overrides"][0]: x["status"] for x in _rows(sweep)[2:]} == {"backbone=gla": "NOT_STARTED",
                                                                            "backbone=transformer": "COMPLETED"}
     assert not (sweep / "gla-nope").exists() and (sweep / "transformer-nope" / "lr0.001-s0" / "task_eval.json").exists()
+    assert "\t1 not started: expected to take 5000 s, past finish_by\n" in r.stdout + r.stderr  # the summary says why
 
 
 @pytest.mark.slow

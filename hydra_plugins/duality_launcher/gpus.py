@@ -151,7 +151,7 @@ class GPUsLauncher(Launcher):
         host = socket.gethostname()  # with the GPU, which device a job ran on (scripts/results.py: a run's GPU cost)
         refusal = _function(self.precheck, "precheck") if self.precheck else (lambda cfg: None)
         not_ready = _function(self.ready, "ready") if self.ready else (lambda cfg: None)
-        waits: dict[Path, str] = {}  # a WAITING job's folder (never made) -> why, for the summary
+        why_not: dict[Path, str] = {}  # a WAITING or NOT_STARTED job's folder (never made) -> why, for the summary
         recorded = {key for key, r in runs.items() if r.get("status") in OVER}
 
         def note(idx, gpu, overrides, start, status, rc=None, job_dir=None):
@@ -195,7 +195,7 @@ class GPUsLauncher(Launcher):
                 if not done and (why := not_ready(cfg)):  # e.g. a seeds job whose grid is not over: a later launch
                     with lock:
                         results[idx] = _passed_over(cfg, job_dir, f"waiting: {why}")
-                        waits[job_dir] = why
+                        why_not[job_dir] = why
                         note(idx, None, overrides, time.time(), "WAITING", None, job_dir)
                         settle(placed=1)
                     continue
@@ -214,6 +214,7 @@ class GPUsLauncher(Launcher):
                         "stopped by a signal" if stop.is_set() else "no time to start"
                     with lock:  # passed over: done before, or no time left to start or finish (the next launch)
                         results[idx] = _passed_over(cfg, job_dir, why)
+                        why_not[job_dir] = why
                         note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
                     continue
                 job_dir.mkdir(parents=True, exist_ok=True)
@@ -256,7 +257,7 @@ class GPUsLauncher(Launcher):
             with contextlib.suppress(OSError):
                 folder.rmdir()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        log.info(summary(ended, sweep_dir, waits))
+        log.info(summary(ended, sweep_dir, why_not))
         failed = len(ended.get("FAILED", []))
         if failed:  # one line and exit 1, where Hydra's sweeper would print the first failed job's traceback
             print(f"error: {failed} of {len(results)} jobs failed (why: the launch's summary above, and each job's "
@@ -363,16 +364,19 @@ class Lengths:
         return known if known is not None else (statistics.median(self.longest.values()) if self.longest else None)
 
 
-def summary(ended: dict[str, list], sweep_dir: Path, waits: dict[Path, str] | None = None) -> str:
-    """How the launch's jobs ended, and why the refused, waiting and failed ones did not run (their `error:` lines,
-    a waiting job's reason; grouped): Hydra would stop at the first failed job's exception, which names one job, not
-    how many or why."""
+def summary(ended: dict[str, list], sweep_dir: Path, why_not: dict[Path, str] | None = None) -> str:
+    """How the launch's jobs ended, and why the refused, waiting, not started and failed ones did not run (their
+    `error:` lines, the launcher's reason for a waiting or not started job, e.g. "expected to take 1150 s, past
+    finish_by"; grouped): Hydra would stop at the first failed job's exception, which names one job, not how many or
+    why."""
     counts = ", ".join(f"{len(v)} {k.lower().replace('_', ' ')}" for k, v in sorted(ended.items()))
     lines = [f"{sum(map(len, ended.values()))} jobs: {counts} (each job: {sweep_dir / 'launcher.jsonl'})"]
-    for status, said in (("REFUSED", "refused by the precheck"), ("WAITING", "waiting"), ("FAILED", "failed with")):
+    for status, said in (("REFUSED", "refused by the precheck"), ("WAITING", "waiting"),
+                         ("NOT_STARTED", "not started"), ("FAILED", "failed with")):
         why: dict[str, int] = {}
         for job_dir in ended.get(status, []):
-            line = (waits or {}).get(job_dir) if status == "WAITING" else error_line(job_dir / "job.log")
+            line = (why_not or {}).get(job_dir) if status in ("WAITING", "NOT_STARTED") else \
+                error_line(job_dir / "job.log")
             line = (line or "no error line (see the job's job.log)")[:160]
             why[line] = why.get(line, 0) + 1
         lines += [f"\t{n} {said}: {line}" for line, n in sorted(why.items(), key=lambda x: -x[1])[:8]]
