@@ -43,7 +43,7 @@ mkdir -p "$out"
 rc=0
 dealt() { tr '\r' '\n' < "$1" 2>/dev/null | grep -c "every job dealt"; }
 run_round() {  # the launches named ("$@"), side by side, each with finish_by at the allocation's end; waits for them
-  local pids=() l sweep dir name left
+  local pids=() l sweep dir name left before
   for l in "$@"; do
     IFS=: read -r sweep dir name <<< "$l"
     left=$(( end - $(date +%s) ))

@@ -179,7 +179,8 @@ class GPUsLauncher(Launcher):
                         idx, overrides = todo.get_nowait()
                         dealing[0] += 1
                     except queue.Empty:
-                        return settle()
+                        settle()
+                        return
                 cfg, job_dir = compose(idx, overrides)
                 done = any((job_dir / name).exists() for name in self.skip_done) or \
                     _relative(job_dir, sweep_dir) in recorded
@@ -214,7 +215,8 @@ class GPUsLauncher(Launcher):
                         "stopped by a signal" if stop.is_set() else "no time to start"
                     with lock:  # passed over: done before, or no time left to start or finish (the next launch)
                         results[idx] = _passed_over(cfg, job_dir, why)
-                        why_not[job_dir] = why
+                        if not done:
+                            why_not[job_dir] = why
                         note(idx, gpu, overrides, time.time(), "DONE_BEFORE" if done else "NOT_STARTED", None, job_dir)
                     continue
                 job_dir.mkdir(parents=True, exist_ok=True)
