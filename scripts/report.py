@@ -787,7 +787,9 @@ BLOCKS = {"summary": summary_table, "verdicts": verdicts_table, "throughput": th
           "scale_4xh200": lambda: scale_table(SCALE_4), "sweep_s2": sweep_table,
           "scale_4xh200_b": lambda: scale_table(SCALE_4B), "scale_4xh200_c": lambda: scale_table(SCALE_4C),
           "scale_1xh200_d": lambda: scale_table(SCALE_1D), "scale_4xh200_e": lambda: scale_table(SCALE_4E),
-          "results_summary": lambda: f"{results.mqar_summary()} {results.s2_summary()}{results.negeig_summary()}",
+          "results_summary": lambda: "\n".join(f"- {line}" for line in (results.mqar_summary(), results.s2_summary()
+                                                                         + results.negeig_summary(),
+                                                                         results.retrieval_summary())),
           "results_duality": results.duality_table,
           "results_rerun": results.rerun_summary, "results_status": results.status_table,
           **{f"results_{t}": (lambda t=t: results.table(t)) for t in results.TASKS},

@@ -425,7 +425,7 @@ def span(values) -> str:
 
 
 def mqar_summary() -> str:
-    """The README's two lines on the results page, computed from the MQAR record."""
+    """The README's bullet on MQAR, computed from its record."""
     rec = load("mqar")
     if rec is None:
         return "(no MQAR record yet)"
@@ -439,19 +439,24 @@ def mqar_summary() -> str:
         return span([mean(b, p, at) - mean(b, p, beyond) for b in group if mean(b, p, at) is not None])
 
     low = min(mean(b, p, at) for b in STRONG for p in ("nope", "rope", "selective_rope"))
-    n = len(rec["chosen_lr"])
     nope, srope = span(mean(b, "nope", at) for b in GATED), span(mean(b, "selective_rope", at) for b in GATED)
-    return (f"on MQAR ({n} pairs × 3 seeds) the softmax mixers and the delta-rule / Oja recurrences recall "
-            f"≥ {low:.1f}% at the training length with NoPE, RoPE or Selective RoPE, while GLA, Mamba2 and RetNet "
-            f"reach {nope}% with NoPE and {srope}% "
-            f"with Selective RoPE. At 4× the length RoPE loses {drop(STRONG, 'rope')} points on the first group and "
-            f"{drop(GATED, 'rope')} on the second; Selective RoPE {drop(STRONG, 'selective_rope')} and "
-            f"{drop(GATED, 'selective_rope')}.")
+    return (f"**MQAR** ({seeds_done('mqar')}): the softmax mixers and the delta-rule / Oja recurrences recall "
+            f"≥ {low:.1f}% at the training length with NoPE, RoPE or Selective RoPE; GLA, Mamba2 and RetNet reach "
+            f"{nope}% with NoPE and {srope}% with Selective RoPE. At 4× the length RoPE loses "
+            f"{drop(STRONG, 'rope')} points on the first group and {drop(GATED, 'rope')} on the second, Selective RoPE "
+            f"{drop(STRONG, 'selective_rope')} and {drop(GATED, 'selective_rope')}.")
+
+
+def seeds_done(task: str) -> str:
+    """`39 pairs × 3 seeds`, or `38 of 39 pairs with three seeds so far` while cells lack seeds."""
+    rec, pairs = load(task), accepted_pairs(task)
+    done = sum(len(cell_runs(rec, *p.split("-", 1))) == 3 for p in pairs)
+    return f"{done} pairs × 3 seeds" if done == len(pairs) else f"{done} of {len(pairs)} pairs with three seeds so far"
 
 
 def s2_summary() -> str:
-    """The README's line on S2, from the S2 record's cells with three seeds: PaTH's and PaTH-FoX's, and the rest's
-    (at chance or not, and with which scheme)."""
+    """The README's bullet on S2, from the record's cells with three seeds: PaTH's and PaTH-FoX's, and the rest's
+    (at chance or not, with which scheme, and past the training length)."""
     rec = load("s2")
     if rec is None:
         return "(no S2 record yet)"
@@ -464,15 +469,40 @@ def s2_summary() -> str:
     path = {k: runs for k, runs in cells.items() if k[0] in ("path", "path_fox")}
     rest = {k: mean_sd(pct(runs, at))[0] for k, runs in cells.items() if k not in path}
     learned = sorted(((m, k) for k, m in rest.items() if m >= 60), reverse=True)
-    said = ", ".join(f"{b} + {p} {m:.1f}%" for m, (b, p) in learned) or "none"
-    out = f"On S2 parity ({len(cells)} of {len(accepted_pairs('s2'))} pairs with three seeds so far): "
+    out = f"**S2 parity** ({seeds_done('s2')}): "
     if path:
         out += (f"PaTH and PaTH-FoX reach {span(v for runs in path.values() for v in pct(runs, at))}% within the "
-                f"training length in every run (each scheme, three seeds) and "
-                f"{span(mean_sd(pct(runs, beyond))[0] for runs in path.values())}% past it (cell means); ")
-    low = len(rest) - len(learned)
-    return out + (f"of the other {len(rest)} cells {low} stay{'s' * (low == 1)} at chance (under 60% within the "
-                  f"training length), and above it: {said}.")
+                f"training length in every run and {span(mean_sd(pct(runs, beyond))[0] for runs in path.values())}% "
+                f"past it (cell means); ")
+    low, high = len(rest) - len(learned), len(learned)
+    out += f"of the other {len(rest)} cells {low} stay{'s' * (low == 1)} at chance within it (under 60%)"
+    if learned:
+        (m, (b, p)), srope = learned[0], sum(k[1] == "selective_rope" for _, k in learned)
+        past = max(mean_sd(pct(cells[k], beyond))[0] for _, k in learned)
+        out += (f" and {high} rise{'s' * (high == 1)} above it, {srope} of them with Selective RoPE (best: {b} + {p} "
+                f"{m:.1f}%), none above {past:.1f}% past it")
+    return out + "."
+
+
+def retrieval_summary() -> str:
+    """The README's bullet on retrieval, from its record: the cells that hold past 16× the training length (over
+    40%), RoPE's cells there, and the decaying recurrences at the training length."""
+    rec = load("retrieval")
+    if rec is None:
+        return "(no retrieval record yet)"
+    (at, _), _, (far, _), _ = TASKS["retrieval"]["points"]
+    cells = {(b, p): runs for b in BACKBONES for p in SCHEMES if (runs := cell_runs(rec, b, p))}
+    at_train, mean = ({k: mean_sd([100 * r["scores"][label] for r in runs])[0] for k, runs in cells.items()}
+                      for label in (at, far))
+    held = sorted(((m, k) for k, m in mean.items() if m > 40), reverse=True)
+    names = ", ".join(f"{b} + {p} {m:.1f}%" for m, (b, p) in held) or "none"
+    rope = [m for (b, p), m in mean.items() if p == "rope"]
+    decaying = [m for (b, p), m in at_train.items() if b in GATED]
+    out = (f"**Retrieval** ({seeds_done('retrieval')}, trained at 512): at 16× the length (8k) the cells over 40% are "
+           f"{names}; with RoPE every cell is at ≤ {max(rope):.1f}%")
+    if decaying:
+        out += f"; RetNet, Mamba2 and GLA learn nothing at this budget (≤ {max(decaying):.1f}% at 512)"
+    return out + "."
 
 
 def negeig_runs() -> dict[tuple[str, str], dict]:

@@ -657,10 +657,36 @@ def test_the_readmes_s2_line_is_drawn_from_the_cells_with_three_seeds(tmp_path, 
     (tmp_path / "s2.json").write_text(json.dumps({"task": "s2", "title": "S2 parity", "chosen_lr": chosen,
                                                   "runs": runs, "sessions": []}))
     assert results.s2_summary() == (
-        "On S2 parity (3 of 39 pairs with three seeds so far): PaTH and PaTH-FoX reach 99.9–100.0% within the "
-        "training length in every run (each scheme, three seeds) and 98.7% past it (cell means); of the other 2 "
-        "cells 1 stays at chance (under 60% within the training length), and above it: transformer + selective_rope "
-        "90.0%.")
+        "**S2 parity** (3 of 39 pairs with three seeds so far): PaTH and PaTH-FoX reach 99.9–100.0% within the "
+        "training length in every run and 98.7% past it (cell means); of the other 2 cells 1 stays at chance within "
+        "it (under 60%) and 1 rises above it, 1 of them with Selective RoPE (best: transformer + selective_rope "
+        "90.0%), none above 50.0% past it.")
+
+
+def test_the_readmes_retrieval_line_is_drawn_from_the_cells(tmp_path, monkeypatch):
+    """results.retrieval_summary from a record written by hand: the cells over 40% at 8k, best first; RoPE's best
+    cell there; the decaying recurrences' best at the training length; the seeds count from the accepted pairs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results
+    monkeypatch.setattr(results, "RECORDS", tmp_path)
+    runs, chosen = {}, {}
+    labels = [label for label, _ in results.TASKS["retrieval"]["points"]]
+    for pair, seeds in (("fox-nope", [(0.7, 0.6, 0.5, 0.3)] * 3), ("deltanet-nope", [(0.7, 0.6, 0.41, 0.1)] * 3),
+                        ("path-nope", [(0.7, 0.5, 0.4, 0.1)] * 3),  # 40.0% at 8k: not over 40%
+                        ("transformer-rope", [(0.7, 0.01, 0.0, 0.0), (0.7, 0.0, 0.06, 0.0), (0.7, 0.0, 0.0, 0.0)]),
+                        ("gla-nope", [(0.004, 0.0, 0.0, 0.0)] * 2)):
+        backbone, pe = pair.split("-")
+        chosen[pair] = 1e-3
+        for seed, scores in enumerate(seeds):
+            runs[f"{pair}/{'lr0.001-s0' if seed == 0 else f'best-s{seed}'}"] = {
+                "backbone": backbone, "pe": pe, "seed": seed, "stage": "seeds" if seed else "grid",
+                "status": "finished", "lr": 1e-3, "scores": dict(zip(labels, scores))}
+    (tmp_path / "retrieval.json").write_text(json.dumps({"task": "retrieval", "title": "Retrieval",
+                                                         "chosen_lr": chosen, "runs": runs, "sessions": []}))
+    assert results.retrieval_summary() == (
+        "**Retrieval** (4 of 24 pairs with three seeds so far, trained at 512): at 16× the length (8k) the cells "
+        "over 40% are fox + nope 50.0%, deltanet + nope 41.0%; with RoPE every cell is at ≤ 2.0%; RetNet, Mamba2 "
+        "and GLA learn nothing at this budget (≤ 0.4% at 512).")
 
 
 def test_the_readmes_negeig_sentence_is_drawn_from_the_sweeps_table(tmp_path, monkeypatch):
