@@ -2,13 +2,11 @@
 cp_group) gives the whole sequence's loss and gradients, for each family with a form, on packed documents too; the
 others are refused."""
 
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import compose, free_port
+from conftest import compose, spawn_ranks
 
 from duality.model import ConfigError, build_model
 from duality.model.pe import REGISTRY as SCHEMES
@@ -64,21 +62,16 @@ def built(backbone, pe):
     return model
 
 
-def model_rank_main(rank: int, world: int, port: int, backbone: dict, pe, packed: bool, out: str):
+def model_rank_main(rank: int, world: int, backbone: dict, pe, packed: bool, out: str):
     from duality.kernels.varlen import slice_boundaries
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        model = built(backbone, pe)
-        idx = torch.randint(0, 64, (1 if packed else 2, 49), generator=torch.Generator().manual_seed(1))
-        n = 48 // world
-        part = slice(rank * n, (rank + 1) * n)
-        cu = slice_boundaries(DOCUMENTS, rank * n, n) if packed else None
-        _, loss = model(idx[:, :48][:, part], idx[:, 1:][:, part], cu_seqlens=cu, cp_group=dist.group.WORLD)
-        loss.backward()
-        torch.save({"loss": loss.detach(), "grads": {k: p.grad for k, p in model.named_parameters()}}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    model = built(backbone, pe)
+    idx = torch.randint(0, 64, (1 if packed else 2, 49), generator=torch.Generator().manual_seed(1))
+    n = 48 // world
+    part = slice(rank * n, (rank + 1) * n)
+    cu = slice_boundaries(DOCUMENTS, rank * n, n) if packed else None
+    _, loss = model(idx[:, :48][:, part], idx[:, 1:][:, part], cu_seqlens=cu, cp_group=dist.group.WORLD)
+    loss.backward()
+    torch.save({"loss": loss.detach(), "grads": {k: p.grad for k, p in model.named_parameters()}}, f"{out}.{rank}")
 
 
 def case_id(x) -> str:
@@ -89,8 +82,7 @@ def split_equals_whole(tmp_path, backbone, pe, world: int, packed: bool):
     """Each rank's loss over its slice, averaged over ranks (equal slices), and each parameter's gradient, averaged
     as DDP would, equal the whole sequence's in one process (a float64 model whose loss the trunk takes in float32,
     hence 1e-5)."""
-    port = free_port()
-    mp.spawn(model_rank_main, args=(world, port, backbone, pe, packed, str(tmp_path / "m")), nprocs=world, join=True)
+    spawn_ranks(model_rank_main, world, backbone, pe, packed, str(tmp_path / "m"))
     model = built(backbone, pe)
     idx = torch.randint(0, 64, (1 if packed else 2, 49), generator=torch.Generator().manual_seed(1))
     _, loss = model(idx[:, :48], idx[:, 1:], cu_seqlens=DOCUMENTS if packed else None)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, compose, free_port, metrics_rows, tiny_overrides, torchrun, torchrun_train
+from conftest import ROOT, compose, metrics_rows, spawn_ranks, tiny_overrides, torchrun, torchrun_train
 
 from duality import eval as eval_lib
 from duality import train as train_lib
@@ -395,60 +395,48 @@ def test_fsdp_with_parameters_kept_gathered_trains_and_saves_as_resharded(tmp_pa
         torch.testing.assert_close(b["model"][name], w, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def _gathered_rank(rank: int, port: int, reshard: bool, out: str):
-    import torch.distributed as dist
+def _gathered_rank(rank: int, world: int, reshard: bool, out: str):
     from torch.distributed.tensor import DTensor
 
     from duality.model import build_model
     from duality.trainer.runtime import Runtime
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=reshard)
-        model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"}, {"n_layer": 2, "d_model": 32,
-                                                                                  "n_heads": 2, "seq_len": 16}, 64))
+    rt = Runtime(rank=rank, world=world, distributed=True, fsdp=True, fsdp_reshard=reshard)
+    model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"}, {"n_layer": 2, "d_model": 32,
+                                                                              "n_heads": 2, "seq_len": 16}, 64))
+    rt.wrap(model, compile=False)
+    idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
+    sharded = []
+    with rt.no_sync():  # a micro-batch before the step's last
+        model(idx[:, :16], idx[:, 1:])[1].backward()
+    sharded.append(isinstance(model.blocks[0].mixer.qkv.weight, DTensor))
+    model(idx[:, :16], idx[:, 1:])[1].backward()  # the last: gradients reduced, parameters re-sharded
+    sharded.append(isinstance(model.blocks[0].mixer.qkv.weight, DTensor))
+    torch.save(sharded, f"{out}.{rank}")
+
+
+def _bf16_gather_rank(rank: int, world: int, out: str):
+    from torch.distributed.tensor import DTensor
+
+    from duality.model import build_model
+    from duality.trainer.runtime import Runtime
+    seen = {}
+    for dtype in ("float32", "bfloat16"):
+        rt = Runtime(rank=rank, world=world, distributed=True, fsdp=True, fsdp_reshard=False, bf16=True,
+                     fsdp_param_dtype=dtype)
+        torch.manual_seed(0)
+        model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"},
+                                       {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64))
         rt.wrap(model, compile=False)
         idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
-        sharded = []
-        with rt.no_sync():  # a micro-batch before the step's last
-            model(idx[:, :16], idx[:, 1:])[1].backward()
-        sharded.append(isinstance(model.blocks[0].mixer.qkv.weight, DTensor))
-        model(idx[:, :16], idx[:, 1:])[1].backward()  # the last: gradients reduced, parameters re-sharded
-        sharded.append(isinstance(model.blocks[0].mixer.qkv.weight, DTensor))
-        torch.save(sharded, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
-
-
-def _bf16_gather_rank(rank: int, port: int, out: str):
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-
-    from duality.model import build_model
-    from duality.trainer.runtime import Runtime
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        seen = {}
-        for dtype in ("float32", "bfloat16"):
-            rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=False, bf16=True,
-                         fsdp_param_dtype=dtype)
-            torch.manual_seed(0)
-            model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"},
-                                           {"n_layer": 2, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64))
-            rt.wrap(model, compile=False)
-            idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
-            with rt.no_sync(), torch.autocast("cpu", dtype=torch.bfloat16):  # a micro-batch before the last
-                loss = model(idx[:, :16], idx[:, 1:])[1]
-                loss.backward()
-            w = model.blocks[0].mixer.qkv.weight  # kept gathered: the computed-with parameter
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                model(idx[:, :16], idx[:, 1:])[1].backward()  # the step's last: reduced, re-sharded
-            p = model.blocks[0].mixer.qkv.weight
-            seen[dtype] = (str(w.dtype), isinstance(p, DTensor), str(p.dtype), str(p.grad.dtype), float(loss))
-        torch.save(seen, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+        with rt.no_sync(), torch.autocast("cpu", dtype=torch.bfloat16):  # a micro-batch before the last
+            loss = model(idx[:, :16], idx[:, 1:])[1]
+            loss.backward()
+        w = model.blocks[0].mixer.qkv.weight  # kept gathered: the computed-with parameter
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(idx[:, :16], idx[:, 1:])[1].backward()  # the step's last: reduced, re-sharded
+        p = model.blocks[0].mixer.qkv.weight
+        seen[dtype] = (str(w.dtype), isinstance(p, DTensor), str(p.dtype), str(p.grad.dtype), float(loss))
+    torch.save(seen, f"{out}.{rank}")
 
 
 @pytest.mark.slow
@@ -456,8 +444,7 @@ def test_fsdp_param_dtype_bfloat16_gathers_in_bf16_and_keeps_fp32_shards(tmp_pat
     """train.fsdp_param_dtype=bfloat16 (FSDP2's MixedPrecisionPolicy): the gathered parameters a forward computes with
     are bf16, the shards (AdamW's) and their reduced gradients stay fp32, and the first loss is float32-gather's to
     bf16 rounding; refused for an fp32 run before any work."""
-    import torch.multiprocessing as mp
-    mp.spawn(_bf16_gather_rank, args=(free_port(), str(tmp_path / "r")), nprocs=2, join=True)
+    spawn_ranks(_bf16_gather_rank, 2, str(tmp_path / "r"))
     for r in range(2):
         seen = torch.load(tmp_path / f"r.{r}")
         assert seen["float32"][:4] == ("torch.float32", True, "torch.float32", "torch.float32")
@@ -470,44 +457,37 @@ def test_fsdp_param_dtype_bfloat16_gathers_in_bf16_and_keeps_fp32_shards(tmp_pat
     assert not (tmp_path / "x").exists()
 
 
-def _prefetch_rank(rank: int, port: int, out: str):
-    import torch.distributed as dist
+def _prefetch_rank(rank: int, world: int, out: str):
 
     from duality.model import build_model
     from duality.trainer.runtime import Runtime
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        seen = {}
-        for k in (0, 2):
-            rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=True, fsdp_prefetch=k)
-            torch.manual_seed(0)
-            model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"},
-                                           {"n_layer": 4, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64))
-            blocks = list(model.blocks)
-            order = [[blocks.index(s._modules[0]) for s in getattr(x._get_fsdp_state(), f"_states_to_{d}_prefetch")]
-                     for x in [model, *blocks] for d in ("forward", "backward")]
-            opt = torch.optim.SGD(model.parameters(), lr=0.5)
-            idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
-            losses = []
-            for _ in range(3):
-                loss = model(idx[:, :16], idx[:, 1:])[1]
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                losses.append(loss.item())
-            seen[k] = (order, losses)
-        torch.save(seen, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    seen = {}
+    for k in (0, 2):
+        rt = Runtime(rank=rank, world=world, distributed=True, fsdp=True, fsdp_reshard=True, fsdp_prefetch=k)
+        torch.manual_seed(0)
+        model = rt.prepare(build_model({"name": "transformer"}, {"name": "rope"},
+                                       {"n_layer": 4, "d_model": 32, "n_heads": 2, "seq_len": 16}, 64))
+        blocks = list(model.blocks)
+        order = [[blocks.index(s._modules[0]) for s in getattr(x._get_fsdp_state(), f"_states_to_{d}_prefetch")]
+                 for x in [model, *blocks] for d in ("forward", "backward")]
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
+        losses = []
+        for _ in range(3):
+            loss = model(idx[:, :16], idx[:, 1:])[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        seen[k] = (order, losses)
+    torch.save(seen, f"{out}.{rank}")
 
 
 @pytest.mark.slow
 def test_fsdp_prefetch_gathers_blocks_ahead_with_the_same_losses(tmp_path):
     """train.fsdp_prefetch=2: the root gathers blocks 0 and 1 ahead, block i the next two in forward and the two
     before it (nearest first) in backward; three SGD steps lose exactly what FSDP2's own order loses."""
-    import torch.multiprocessing as mp
-    mp.spawn(_prefetch_rank, args=(free_port(), str(tmp_path / "r")), nprocs=2, join=True)
+    spawn_ranks(_prefetch_rank, 2, str(tmp_path / "r"))
     for r in range(2):
         seen = torch.load(tmp_path / f"r.{r}")
         assert seen[0][0] == [[]] * 10
@@ -521,26 +501,16 @@ def _eval_model(vocab: int):
                                                                    "seq_len": 64}, vocab)
 
 
-def _uneven_eval_rank(rank: int, port: int, out: str, shard: str, task_cfg: dict):
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
+def _uneven_eval_rank(rank: int, world: int, out: str, shard: str, task_cfg: dict):
     from duality.data import TokenWindows, tasks
     from duality.trainer.objective import validation_loss
     from duality.trainer.runtime import Runtime
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # a short timeout: ranks whose forwards do not pair up fail within seconds instead of hanging the test
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    try:
-        rt = Runtime(rank=rank, world=2, distributed=True, fsdp=True, fsdp_reshard=True)
-        val = validation_loss(rt.prepare(_eval_model(256)), TokenWindows([shard], 16, shuffle=False), 3, 1, "cpu",
-                              contextlib.nullcontext(), rank, 2)
-        task = tasks.build(task_cfg)
-        m = tasks.evaluate(rt.prepare(_eval_model(len(task.symbols))), task, 2, "cpu", None, rank, 2)
-        torch.save((val, m["val_loss"], m["val_acc"]), f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    rt = Runtime(rank=rank, world=world, distributed=True, fsdp=True, fsdp_reshard=True)
+    val = validation_loss(rt.prepare(_eval_model(256)), TokenWindows([shard], 16, shuffle=False), 3, 1, "cpu",
+                          contextlib.nullcontext(), rank, 2)
+    task = tasks.build(task_cfg)
+    m = tasks.evaluate(rt.prepare(_eval_model(len(task.symbols))), task, 2, "cpu", None, rank, 2)
+    torch.save((val, m["val_loss"], m["val_acc"]), f"{out}.{rank}")
 
 
 @pytest.mark.slow
@@ -549,7 +519,6 @@ def test_fsdp_evaluation_with_fewer_examples_than_ranks_runs_every_forward(tmp_p
     examples than another runs an uncounted forward for each one it lacks. Before, 3 windows over 2 ranks (one each
     in the first round, one for rank 0 alone in the second) hung rank 0 in its gather (370m/1.3B FSDP2 runs on 4 H200s
     hung after their last step, 2026-11-27): now the losses and accuracy equal one unsharded process's."""
-    import torch.multiprocessing as mp
 
     from duality.data import TokenWindows, tasks
     from duality.data.shards import write_shard
@@ -557,8 +526,8 @@ def test_fsdp_evaluation_with_fewer_examples_than_ranks_runs_every_forward(tmp_p
     write_shard(tmp_path / "v.bin", np.random.default_rng(0).integers(0, 256, 3 * 16 + 1), 256)
     from omegaconf import OmegaConf
     task_cfg = {**OmegaConf.to_container(compose(["data=mqar"]).data), "train_examples": 8, "test_examples": 3}
-    mp.spawn(_uneven_eval_rank, args=(free_port(), str(tmp_path / "r"), str(tmp_path / "v.bin"), task_cfg), nprocs=2,
-             join=True)
+    # a short timeout: ranks whose forwards do not pair up fail within seconds instead of hanging the test
+    spawn_ranks(_uneven_eval_rank, 2, str(tmp_path / "r"), str(tmp_path / "v.bin"), task_cfg, timeout_s=60)
     val = validation_loss(_eval_model(256), TokenWindows([tmp_path / "v.bin"], 16, shuffle=False), 3, 1, "cpu",
                           contextlib.nullcontext())
     task = tasks.build(task_cfg)
@@ -571,8 +540,7 @@ def test_fsdp_evaluation_with_fewer_examples_than_ranks_runs_every_forward(tmp_p
 @pytest.mark.slow
 @pytest.mark.parametrize("reshard", [True, False])
 def test_fsdp_reshard_false_keeps_parameters_gathered_between_micro_batches(tmp_path, reshard):
-    import torch.multiprocessing as mp
-    mp.spawn(_gathered_rank, args=(free_port(), reshard, str(tmp_path / "r")), nprocs=2, join=True)
+    spawn_ranks(_gathered_rank, 2, reshard, str(tmp_path / "r"))
     for r in range(2):  # [after a micro-batch under no_sync, after the step's last]: sharded (DTensor) or not
         assert torch.load(tmp_path / f"r.{r}") == ([True, True] if reshard else [False, True])
 

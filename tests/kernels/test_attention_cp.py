@@ -5,12 +5,10 @@ queries (the interpreter on a CPU); with packed documents too (one starting at a
 slice boundary, one spanning three slices, one of a single token)."""
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import spawn_ranks
 
 from duality.kernels.attention import cumulative_log_decay, decayed_attention_reference
 from duality.kernels.attention.cp import decayed_attention_cp
@@ -38,28 +36,20 @@ def scores(case: str, f, slopes_dtype):
             "slopes": torch.tensor([0.5, 0.125], dtype=slopes_dtype) if opts.get("slopes") else None}
 
 
-def rank_main(rank: int, world: int, port: int, T: int, case: str, impl: str, docs: bool, out: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        dtype = torch.float64 if impl == "torch" else torch.float32
-        n = T // world
-        part = [x[:, rank * n:(rank + 1) * n].clone().requires_grad_(i < 4)
-                for i, x in enumerate(inputs(T, case, dtype, B=1 if docs else 2))]
-        q, k, v, f, w = part
-        cu = slice_boundaries(documents(T), rank * n, n) if docs else None
-        o = decayed_attention_cp(q, k, v, **scores(case, f, dtype), scale=0.3, impl=impl, cu_seqlens=cu)
-        (o * w).sum().backward()
-        torch.save({"o": o.detach(), **{name: x.grad for name, x in zip("qkvf", part[:4])}}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+def rank_main(rank: int, world: int, T: int, case: str, impl: str, docs: bool, out: str):
+    dtype = torch.float64 if impl == "torch" else torch.float32
+    n = T // world
+    part = [x[:, rank * n:(rank + 1) * n].clone().requires_grad_(i < 4)
+            for i, x in enumerate(inputs(T, case, dtype, B=1 if docs else 2))]
+    q, k, v, f, w = part
+    cu = slice_boundaries(documents(T), rank * n, n) if docs else None
+    o = decayed_attention_cp(q, k, v, **scores(case, f, dtype), scale=0.3, impl=impl, cu_seqlens=cu)
+    (o * w).sum().backward()
+    torch.save({"o": o.detach(), **{name: x.grad for name, x in zip("qkvf", part[:4])}}, f"{out}.{rank}")
 
 
 def split_equals_whole(tmp_path, world: int, T: int, case: str, impl: str, tol: float, docs: bool = False):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(world, port, T, case, impl, docs, str(tmp_path / "r")), nprocs=world, join=True)
+    spawn_ranks(rank_main, world, T, case, impl, docs, str(tmp_path / "r"))
     q, k, v, f, w = (x.requires_grad_(i < 4) for i, x in enumerate(inputs(T, case, torch.float64, B=1 if docs else 2)))
     o = decayed_attention_reference(q, k, v, **scores(case, f, torch.float64), scale=0.3,
                                     cu_seqlens=documents(T) if docs else None)

@@ -3,13 +3,10 @@ gloo processes equal the token-by-token recurrence over the whole sequence, outp
 float64; with packed documents too (a row whose documents start at a slice's first token, cross one slice boundary
 or span three slices, one of a single token), against the recurrence run on each document alone."""
 
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import spawn_ranks
 
 from duality.kernels.recurrences import delta_rule_recurrent, gated_recurrent, oja_recurrent
 from duality.kernels.recurrences.cp import delta_rule_cp, gated_cp, oja_cp
@@ -30,19 +27,14 @@ def inputs(T: int, scalar_gate: bool, seed: int = 0, B: int = 2):
     return r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), g, r(B, T, H, V)
 
 
-def rank_main(rank: int, world: int, port: int, T: int, scalar_gate: bool, docs: bool, out: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        q, k, v, g, w = inputs(T, scalar_gate, B=1 if docs else 2)
-        n = T // world
-        part = [x[:, rank * n:(rank + 1) * n].clone().requires_grad_(x is not w) for x in (q, k, v, g, w)]
-        cu = slice_boundaries(documents(T), rank * n, n) if docs else None
-        o = gated_cp(*part[:4], 0.5, impl="torch", cu_seqlens=cu)
-        (o * part[4]).sum().backward()
-        torch.save({"o": o.detach(), **{name: x.grad for name, x in zip("qkvg", part[:4])}}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+def rank_main(rank: int, world: int, T: int, scalar_gate: bool, docs: bool, out: str):
+    q, k, v, g, w = inputs(T, scalar_gate, B=1 if docs else 2)
+    n = T // world
+    part = [x[:, rank * n:(rank + 1) * n].clone().requires_grad_(x is not w) for x in (q, k, v, g, w)]
+    cu = slice_boundaries(documents(T), rank * n, n) if docs else None
+    o = gated_cp(*part[:4], 0.5, impl="torch", cu_seqlens=cu)
+    (o * part[4]).sum().backward()
+    torch.save({"o": o.detach(), **{name: x.grad for name, x in zip("qkvg", part[:4])}}, f"{out}.{rank}")
 
 
 @pytest.mark.slow
@@ -50,10 +42,7 @@ def rank_main(rank: int, world: int, port: int, T: int, scalar_gate: bool, docs:
                                                          (4, 36, True, False), (4, 36, False, True),
                                                          (2, 34, True, True)])
 def test_split_sequence_equals_the_whole(tmp_path, world, T, scalar_gate, docs):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(world, port, T, scalar_gate, docs, str(tmp_path / "r")), nprocs=world, join=True)
+    spawn_ranks(rank_main, world, T, scalar_gate, docs, str(tmp_path / "r"))
     q, k, v, g, w = (x.requires_grad_(True) for x in inputs(T, scalar_gate, B=1 if docs else 2))
     if docs:
         o = per_document(lambda *a: gated_recurrent(*a)[0], documents(T), q, k, v, g, 0.5)
@@ -77,31 +66,23 @@ def delta_inputs(T: int, gated: bool, seed: int = 0, B: int = 2):
     return r(B, T, H, K), k, r(B, T, H, V), beta, g if gated else None, r(B, T, H, V)
 
 
-def delta_rank_main(rank: int, world: int, port: int, T: int, gated: bool, docs: bool, out: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        n = T // world
-        part = [None if x is None else x[:, rank * n:(rank + 1) * n].clone().requires_grad_(i < 5)
-                for i, x in enumerate(delta_inputs(T, gated, B=1 if docs else 2))]
-        q, k, v, beta, g, w = part
-        cu = slice_boundaries(documents(T), rank * n, n) if docs else None
-        o = delta_rule_cp(q, k, v, beta, 0.5, g, impl="torch", cu_seqlens=cu)
-        (o * w).sum().backward()
-        torch.save({"o": o.detach(), **{name: x.grad for name, x in zip(("q", "k", "v", "beta", "g"), part[:5])
-                                        if x is not None}}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+def delta_rank_main(rank: int, world: int, T: int, gated: bool, docs: bool, out: str):
+    n = T // world
+    part = [None if x is None else x[:, rank * n:(rank + 1) * n].clone().requires_grad_(i < 5)
+            for i, x in enumerate(delta_inputs(T, gated, B=1 if docs else 2))]
+    q, k, v, beta, g, w = part
+    cu = slice_boundaries(documents(T), rank * n, n) if docs else None
+    o = delta_rule_cp(q, k, v, beta, 0.5, g, impl="torch", cu_seqlens=cu)
+    (o * w).sum().backward()
+    torch.save({"o": o.detach(), **{name: x.grad for name, x in zip(("q", "k", "v", "beta", "g"), part[:5])
+                                    if x is not None}}, f"{out}.{rank}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world, T, gated, docs", [(2, 34, False, False), (4, 36, True, False), (4, 36, True, True),
                                                     (2, 34, False, True)])
 def test_split_delta_rule_equals_the_whole(tmp_path, world, T, gated, docs):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(delta_rank_main, args=(world, port, T, gated, docs, str(tmp_path / "r")), nprocs=world, join=True)
+    spawn_ranks(delta_rank_main, world, T, gated, docs, str(tmp_path / "r"))
     q, k, v, beta, g, w = (None if x is None else x.requires_grad_(i < 5)
                            for i, x in enumerate(delta_inputs(T, gated, B=1 if docs else 2)))
     if docs:
@@ -136,30 +117,22 @@ def oja_inputs(T: int, B: int, seed: int = 0):
     return r(B, T, H, K), r(B, T, H, K), v, gv, torch.rand(B, T, H, generator=gen, dtype=torch.float64), r(B, T, H, V)
 
 
-def oja_rank_main(rank: int, world: int, port: int, T: int, docs: bool, out: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        n = T // world
-        part = [x[:, rank * n:(rank + 1) * n].clone().requires_grad_(i < 5)
-                for i, x in enumerate(oja_inputs(T, 1 if docs else 2))]
-        cu = slice_boundaries(documents(T), rank * n, n) if docs else None
-        o = oja_cp(*part[:5], 0.5, impl="torch", cu_seqlens=cu)
-        (o * part[5]).sum().backward()
-        torch.save({"o": o.detach(), **{name: x.grad for name, x in zip(("q", "k", "v", "gv", "beta"), part[:5])}},
-                   f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+def oja_rank_main(rank: int, world: int, T: int, docs: bool, out: str):
+    n = T // world
+    part = [x[:, rank * n:(rank + 1) * n].clone().requires_grad_(i < 5)
+            for i, x in enumerate(oja_inputs(T, 1 if docs else 2))]
+    cu = slice_boundaries(documents(T), rank * n, n) if docs else None
+    o = oja_cp(*part[:5], 0.5, impl="torch", cu_seqlens=cu)
+    (o * part[5]).sum().backward()
+    torch.save({"o": o.detach(), **{name: x.grad for name, x in zip(("q", "k", "v", "gv", "beta"), part[:5])}},
+               f"{out}.{rank}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world, T, docs", [(2, 34, False), (4, 36, False), (4, 36, True)])
 def test_split_oja_rule_equals_the_whole(tmp_path, world, T, docs):
     """The gated Oja rule's value-side transition handed over: outputs and every gradient of the whole sequence."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(oja_rank_main, args=(world, port, T, docs, str(tmp_path / "r")), nprocs=world, join=True)
+    spawn_ranks(oja_rank_main, world, T, docs, str(tmp_path / "r"))
     q, k, v, gv, beta, w = (x.requires_grad_(i < 5) for i, x in enumerate(oja_inputs(T, 1 if docs else 2)))
     if docs:
         o = per_document(lambda *a: oja_recurrent(*a)[0], documents(T), q, k, v, gv, beta, 0.5)
