@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import re
 import statistics
@@ -208,6 +209,12 @@ def cell_runs(rec: dict, backbone: str, pe: str) -> list[dict]:
 def mean_sd(values: list[float]) -> tuple[float, float]:
     """Mean and sample sd (0 for one seed: the cell then says how many seeds it has)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def cell_mean(rec: dict, backbone: str, pe: str, label: str) -> float | None:
+    """A cell's mean score at a reported point, in %; None where the cell has no finished run."""
+    runs = cell_runs(rec, backbone, pe)
+    return mean_sd([100 * r["scores"][label] for r in runs])[0] if runs else None
 
 
 def short_reason(rec: dict, backbone: str, pe: str) -> str:
@@ -431,25 +438,23 @@ def mqar_summary() -> str:
         return "(no MQAR record yet)"
     (at, _), (beyond, _) = TASKS["mqar"]["points"]
 
-    def mean(b, p, label):
-        runs = cell_runs(rec, b, p)
-        return mean_sd([100 * r["scores"][label] for r in runs])[0] if runs else None
+    mean = functools.partial(cell_mean, rec)
 
     def drop(group, p):
         return span([mean(b, p, at) - mean(b, p, beyond) for b in group if mean(b, p, at) is not None])
 
     low = min(mean(b, p, at) for b in STRONG for p in ("nope", "rope", "selective_rope"))
     nope, srope = span(mean(b, "nope", at) for b in GATED), span(mean(b, "selective_rope", at) for b in GATED)
-    return (f"**MQAR** ({seeds_done('mqar')}): the softmax mixers and the delta-rule / Oja recurrences recall "
+    return (f"**MQAR** ({seeds_done('mqar', rec)}): the softmax mixers and the delta-rule / Oja recurrences recall "
             f"≥ {low:.1f}% at the training length with NoPE, RoPE or Selective RoPE; GLA, Mamba2 and RetNet reach "
             f"{nope}% with NoPE and {srope}% with Selective RoPE. At 4× the length RoPE loses "
             f"{drop(STRONG, 'rope')} points on the first group and {drop(GATED, 'rope')} on the second, Selective RoPE "
             f"{drop(STRONG, 'selective_rope')} and {drop(GATED, 'selective_rope')}.")
 
 
-def seeds_done(task: str) -> str:
+def seeds_done(task: str, rec: dict) -> str:
     """`39 pairs × 3 seeds`, or `38 of 39 pairs with three seeds so far` while cells lack seeds."""
-    rec, pairs = load(task), accepted_pairs(task)
+    pairs = accepted_pairs(task)
     done = sum(len(cell_runs(rec, *p.split("-", 1))) == 3 for p in pairs)
     return f"{done} pairs × 3 seeds" if done == len(pairs) else f"{done} of {len(pairs)} pairs with three seeds so far"
 
@@ -469,7 +474,7 @@ def s2_summary() -> str:
     path = {k: runs for k, runs in cells.items() if k[0] in ("path", "path_fox")}
     rest = {k: mean_sd(pct(runs, at))[0] for k, runs in cells.items() if k not in path}
     learned = sorted(((m, k) for k, m in rest.items() if m >= 60), reverse=True)
-    out = f"**S2 parity** ({seeds_done('s2')}): "
+    out = f"**S2 parity** ({seeds_done('s2', rec)}): "
     if path:
         out += (f"PaTH and PaTH-FoX reach {span(v for runs in path.values() for v in pct(runs, at))}% within the "
                 f"training length in every run and {span(mean_sd(pct(runs, beyond))[0] for runs in path.values())}% "
@@ -491,15 +496,14 @@ def retrieval_summary() -> str:
     if rec is None:
         return "(no retrieval record yet)"
     (at, _), _, (far, _), _ = TASKS["retrieval"]["points"]
-    cells = {(b, p): runs for b in BACKBONES for p in SCHEMES if (runs := cell_runs(rec, b, p))}
-    at_train, mean = ({k: mean_sd([100 * r["scores"][label] for r in runs])[0] for k, runs in cells.items()}
+    at_train, mean = ({(b, p): m for b in BACKBONES for p in SCHEMES if (m := cell_mean(rec, b, p, label)) is not None}
                       for label in (at, far))
     held = sorted(((m, k) for k, m in mean.items() if m > 40), reverse=True)
     names = ", ".join(f"{b} + {p} {m:.1f}%" for m, (b, p) in held) or "none"
     rope = [m for (b, p), m in mean.items() if p == "rope"]
     decaying = [m for (b, p), m in at_train.items() if b in GATED]
-    out = (f"**Retrieval** ({seeds_done('retrieval')}, trained at 512): at 16× the length (8k) the cells over 40% are "
-           f"{names}; with RoPE every cell is at ≤ {max(rope):.1f}%")
+    out = (f"**Retrieval** ({seeds_done('retrieval', rec)}, trained at 512): at 16× the length (8k) the cells over "
+           f"40% are {names}; with RoPE every cell is at ≤ {max(rope):.1f}%")
     if decaying:
         out += f"; RetNet, Mamba2 and GLA learn nothing at this budget (≤ {max(decaying):.1f}% at 512)"
     return out + "."
@@ -561,9 +565,9 @@ def plot(task: str, out: Path | None = None) -> Path:
         grid = np.full((len(backbones), len(schemes)), np.nan)
         for i, b in enumerate(backbones):
             for j, s in enumerate(schemes):
-                runs = cell_runs(rec, b, s)
-                if runs:
-                    grid[i, j] = mean_sd([100 * r["scores"][label] for r in runs])[0]
+                m = cell_mean(rec, b, s, label)
+                if m is not None:
+                    grid[i, j] = m
                     ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8,
                             color="white" if grid[i, j] < 50 else "black")
                 else:
