@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "benchmarks")]  # the benchmarks' and tools' own table functions
+# the benchmarks', tools' and reproductions' own table functions
+sys.path[:0] = [str(ROOT / d) for d in ("scripts", "benchmarks", "reproductions")]
 
 import bench_train  # noqa: E402  (the benchmark's own table functions)
 import longest_cp  # noqa: E402

@@ -9,9 +9,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 # tests/test_gpu.py reuses the kernel tests' inputs (from test_attention import ...), and several tests import
-# scripts/ and benchmarks/ (bench_train, saved_activations, report), wherever pytest starts
+# scripts/, benchmarks/ and reproductions/ (bench_train, saved_activations, report, official_ab), wherever pytest starts
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
-sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT / d) for d in ("scripts", "benchmarks", "reproductions")]
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 # without a GPU the project's Triton kernels run in Triton's interpreter (tests/kernels/test_rotary.py)

@@ -87,7 +87,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def ours(path: Path) -> bool:
     """The repository's own code: not under a hidden folder (.venv, or a git-ignored checkout such as the seed's code
-    that scripts/official_ab.sh clones into .seed/) nor outputs/."""
+    that reproductions/official_ab.sh clones into .seed/) nor outputs/."""
     parts = path.relative_to(ROOT).parts
     return not any(p.startswith(".") for p in parts) and "outputs" not in parts
 

@@ -40,7 +40,7 @@ def test_kernel_matches_reference(name, T):
 @pytest.mark.parametrize("name", ["path", "path_fox"])
 def test_path_kernel_at_heads_of_32(name):
     """S2's and copying's heads of 32 (and T = 129, past a chunk): FLA's PaTH backward faults there on an H200
-    (scripts/path_fault.py); kernels/path_attention/fla.py pads the heads to 64."""
+    (reproductions/path_fault.py); kernels/path_attention/fla.py pads the heads to 64."""
     from kernel_check import check
     err = check(name, B=4, T=129, H=12, D=32)
     assert all(e < 2e-2 for e in err.values()), err

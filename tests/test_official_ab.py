@@ -1,5 +1,5 @@
-"""scripts/official_ab.py: the seed's S2 data as its generator writes it, and what the observer and the record read
-off the seed's runs (docs/synthetic, "Seed 004's own code beside this repo")."""
+"""reproductions/official_ab.py: the seed's S2 data as its generator writes it, and what the observer and the record
+read off the seed's runs (docs/synthetic, "Seed 004's own code beside this repo")."""
 
 import csv
 import json
@@ -178,12 +178,12 @@ def test_fits_count_only_runs_that_ran_that_far_and_fisher_is_exact():
 
 
 def test_driver_refuses_an_unknown_side(tmp_path):
-    p = subprocess.run(["bash", str(REPO / "scripts/official_ab.sh"), str(tmp_path), "both"], cwd=REPO,
+    p = subprocess.run(["bash", str(REPO / "reproductions/official_ab.sh"), str(tmp_path), "both"], cwd=REPO,
                        capture_output=True, text=True)
     assert p.returncode == 2 and "unknown: both" in p.stdout
 
 
 def test_unknown_arguments_are_refused():
-    p = subprocess.run([sys.executable, str(REPO / "scripts/official_ab.py"), "data", "/tmp/x", "--bogus"],
+    p = subprocess.run([sys.executable, str(REPO / "reproductions/official_ab.py"), "data", "/tmp/x", "--bogus"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--bogus" in p.stderr

@@ -1,6 +1,6 @@
-"""scripts/official_ab_copying.py: how the seed's copying runs are scored, observed, recorded and compared with this
-repo's (docs/synthetic, "Seed 004's own code beside this repo: copying"). The seed's code is not in CI: the observer is
-driven here by a stand-in with its evaluation data's format ($ letters | letters . then * padding)."""
+"""reproductions/official_ab_copying.py: how the seed's copying runs are scored, observed, recorded and compared with
+this repo's (docs/synthetic, "Seed 004's own code beside this repo: copying"). The seed's code is not in CI: the
+observer is driven here by a stand-in with its evaluation data's format ($ letters | letters . then * padding)."""
 
 import json
 import time

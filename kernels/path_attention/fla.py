@@ -2,8 +2,8 @@
 
 FLA 0.6.0's PaTH backward faults (an illegal memory access in `intra_chunk_preprocess_bwd_kernel`) on an H200 for
 heads of 32 (seen at T 128 and 129, gated or not, 256 or 8 sequences); heads of 64 ran clean at both lengths
-(scripts/path_fault.py, docs/gpu/path_fault_h200_2026-11-29.json). So heads smaller than `MIN_HEAD` are padded with
-zeros to it, which is exact: a zero coordinate adds nothing to q.k or to w's norm, H_s = I - beta w w^T leaves it
+(reproductions/path_fault.py, docs/gpu/path_fault_h200_2026-11-29.json). So heads smaller than `MIN_HEAD` are padded
+with zeros to it, which is exact: a zero coordinate adds nothing to q.k or to w's norm, H_s = I - beta w w^T leaves it
 zero, and the padded value coordinates come out zero and are cut off. The scale stays the unpadded head's.
 """
 

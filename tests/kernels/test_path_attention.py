@@ -63,13 +63,9 @@ def test_heads_padded_with_zeros_give_the_same_attention_and_gradients():
 
 
 def test_path_fault_reads_a_cases_outcome_from_its_process_output():
-    """scripts/path_fault.py (the upstream reproduction, a GPU script): a fault's outcome is the last line that names
-    an error, not CUDA's advice after it (the first record took that line); a clean case is its "ok" line."""
-    import sys
-
-    from conftest import ROOT
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import path_fault
+    """reproductions/path_fault.py (the upstream reproduction, a GPU script): a fault's outcome is the last line that
+    names an error, not CUDA's advice after it (the first record took that line); a clean case is its "ok" line."""
+    import path_fault  # (reproductions/ is on the path: conftest)
     fault = ("Traceback (most recent call last):\n  File \"path_fault.py\", line 70, in child\n"
              "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
              "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/ for more information.\n")

@@ -1,9 +1,9 @@
 """Seed 004's own copying code beside this repo: its run observed and evaluated at this repo's lengths, one record,
 one figure (docs/synthetic, "Seed 004's own code beside this repo: copying").
 
-    python scripts/official_ab_copying.py run SRC OUT_DIR --seed S --pe selective_rope|nope [--deadline UNIX]
-    python scripts/official_ab_copying.py record --seed-runs DIR... --repo-records X.json... --out Y.json
-    python scripts/official_ab_copying.py plot Y.json --out Y.png
+    python reproductions/official_ab_copying.py run SRC OUT_DIR --seed S --pe selective_rope|nope [--deadline UNIX]
+    python reproductions/official_ab_copying.py record --seed-runs DIR... --repo-records X.json... --out Y.json
+    python reproductions/official_ab_copying.py plot Y.json --out Y.png
 
 `run` calls the seed's `copying.main.main` (timurcarstensen/selective-rope d12e825, synthetic_tasks/copying: its
 data, model, optimiser, schedule and loop, unchanged) on the config its copying sweep would hand it, composed from

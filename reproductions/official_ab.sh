@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Seed 004's own code (timurcarstensen/selective-rope) beside this repo on one GPU, at the same protocol (docs/synthetic,
 # "The seed's own code"). Nothing of the seed's code is kept in this repo: it is cloned into SEED_SRC (git-ignored)
-# when absent, and run unchanged through scripts/official_ab.py, which writes its S2 data and watches its evaluations.
-#   bash scripts/official_ab.sh OUT seed   # the seed's state_tracking main.py: S2, GLA + PES, SEEDS, each a process
-#   bash scripts/official_ab.sh OUT repo   # this repo's sweep=parity jobs for GLA + Selective RoPE at the same SEEDS
-#   bash scripts/official_ab.sh OUT copying  # the seed's copying main.py through scripts/official_ab_copying.py: JOBS
+# when absent, and run unchanged through reproductions/official_ab.py, which writes its S2 data and watches its evaluations.
+#   bash reproductions/official_ab.sh OUT seed   # the seed's state_tracking main.py: S2, GLA + PES, SEEDS, each a process
+#   bash reproductions/official_ab.sh OUT repo   # this repo's sweep=parity jobs for GLA + Selective RoPE at the same SEEDS
+#   bash reproductions/official_ab.sh OUT copying  # the seed's copying main.py through reproductions/official_ab_copying.py: JOBS
 #                                            # (default "selective_rope:0 nope:0"), evaluated every 500 steps, stopped
 #                                            # after the last evaluation that fits LIMIT (its 5,000-step schedule kept)
 # The seed's main.py runs its own S2 sweep's settings (configs/state_tracking: 1-layer GLA d 384, 12 heads, short
@@ -42,11 +42,11 @@ case $WHAT in
                 model.position_embedding.use_bias=true model.position_embedding.use_gate=false)
     # while the data is written and tokenized: the model's kernels compiled into Triton's cache (the runs' first
     # step took 4-5 minutes without)
-    python scripts/official_ab.py warm "$SEED_SRC" "${model_args[@]}" >"$RUNS/warm.log" 2>&1 &
+    python reproductions/official_ab.py warm "$SEED_SRC" "${model_args[@]}" >"$RUNS/warm.log" 2>&1 &
     warm=$!
-    [ -f "$DATA/S2=512.csv" ] || python scripts/official_ab.py data "$DATA" || exit 1
+    [ -f "$DATA/S2=512.csv" ] || python reproductions/official_ab.py data "$DATA" || exit 1
     # tokenized once into datasets' cache, where each run's get_dataset finds it (one process: minutes)
-    [ -f "$DATA/.tokenized" ] || { python scripts/official_ab.py prep "$SEED_SRC" "$DATA" --procs "${PROCS:-8}" \
+    [ -f "$DATA/.tokenized" ] || { python reproductions/official_ab.py prep "$SEED_SRC" "$DATA" --procs "${PROCS:-8}" \
                                      >"$RUNS/prep.log" 2>&1 && touch "$DATA/.tokenized"; } || { tail "$RUNS/prep.log"; exit 1; }
     wait $warm; tail -1 "$RUNS/warm.log"
     [ -n "${DEADLINE:-}" ] && LIMIT=$(( DEADLINE - $(date +%s) ))
@@ -64,7 +64,7 @@ case $WHAT in
       else args+=("model/position_embedding=$pe" model.use_short_conv=true); fi
       rm -rf "${RUNS:?}/$name"
       echo "$name: ${on_gpu[*]} official_ab.py run $SEED_SRC $RUNS/$name --seed $seed ${args[*]}"
-      { env "${on_gpu[@]}" timeout "$LIMIT" python scripts/official_ab.py run "$SEED_SRC" "$RUNS/$name" --seed "$seed" "${args[@]}" \
+      { env "${on_gpu[@]}" timeout "$LIMIT" python reproductions/official_ab.py run "$SEED_SRC" "$RUNS/$name" --seed "$seed" "${args[@]}" \
           >"$RUNS/$name.log" 2>&1; echo $? >"$RUNS/$name.rc"; } &
       n=$((n + 1))
     done
@@ -82,7 +82,7 @@ case $WHAT in
       [ ${#gpus[@]} -gt 0 ] && on_gpu=(CUDA_VISIBLE_DEVICES=${gpus[$(( n % ${#gpus[@]} ))]})
       rm -rf "${RUNS:?}/$name" && mkdir -p "$RUNS/$name"
       echo "$name: ${on_gpu[*]} official_ab_copying.py run $SEED_SRC $RUNS/$name --seed $seed --pe $pe"
-      { env "${on_gpu[@]}" timeout $(( deadline + 10 - $(date +%s) )) python scripts/official_ab_copying.py run "$SEED_SRC" \
+      { env "${on_gpu[@]}" timeout $(( deadline + 10 - $(date +%s) )) python reproductions/official_ab_copying.py run "$SEED_SRC" \
           "$RUNS/$name" --seed "$seed" --pe "$pe" --deadline "$deadline" >"$RUNS/$name/run.log" 2>&1
         echo $? >"$RUNS/$name/rc"; } &
       n=$((n + 1))

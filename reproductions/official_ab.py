@@ -1,14 +1,14 @@
 """Seed 004's own code beside this repo: S2 data in its format, its training run observed, one record, one figure.
 (Over 500 lines: the data writer, the observer of the seed's run and the comparison are one procedure.)
 
-The seed's code (timurcarstensen/selective-rope) is never copied here: `scripts/official_ab.sh` fetches it into a
+The seed's code (timurcarstensen/selective-rope) is never copied here: `reproductions/official_ab.sh` fetches it into a
 git-ignored folder and runs it through this file, which only writes its data and watches its evaluations.
 
-    python scripts/official_ab.py data DIR [--train 2000000] [--test 2000] [--seed 0]
-    python scripts/official_ab.py run SRC OUT_DIR --seed S [hydra overrides of the seed's main.py ...]
-    python scripts/official_ab.py record --seed-runs DIR... --repo-runs DIR... --out docs/synthetic/X.json
-    python scripts/official_ab.py record --into X.json --call LABEL --device D --seed-runs DIR... --suffix -LABEL
-    python scripts/official_ab.py plot X.json --out docs/synthetic/X.png
+    python reproductions/official_ab.py data DIR [--train 2000000] [--test 2000] [--seed 0]
+    python reproductions/official_ab.py run SRC OUT_DIR --seed S [hydra overrides of the seed's main.py ...]
+    python reproductions/official_ab.py record --seed-runs DIR... --repo-runs DIR... --out docs/synthetic/X.json
+    python reproductions/official_ab.py record --into X.json --call LABEL --device D --seed-runs DIR... --suffix -LABEL
+    python reproductions/official_ab.py plot X.json --out docs/synthetic/X.png
 
 `data` writes S2=128.csv and S2=512.csv as the seed's `generate_data.py --group S2 --samples N --seed S` does: the
 same sampling (random.seed(S), `random.choices` of k tokens into a set until N distinct, the set's order), the same

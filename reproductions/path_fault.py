@@ -6,8 +6,8 @@ its own (the fault ends the CUDA context), so one run tells which of sequence le
 the fault follows. The last two cases call the repo's `path_attention`, which pads heads smaller than 64 with zeros
 (the fix, as the cases before them show the fault to follow the head size).
 
-    python scripts/path_fault.py                          # every case below: ok, or the error's last line
-    python scripts/path_fault.py --case 256,129,12,32 --gate --json out.json
+    python reproductions/path_fault.py                          # every case below: ok, or the error's last line
+    python reproductions/path_fault.py --case 256,129,12,32 --gate --json out.json
 
 A GPU script (no CPU test: the fault is a GPU's). The repo's shipped kernel configs are seeded when the package is
 importable (`--untuned`: not), so FLA's autotuned kernels time no configs first.
