@@ -293,6 +293,11 @@ def accepted_pairs(task: str) -> list[str]:
     return [f"{b}-{s}" for b in backbones for s in schemes if s in valid_schemes(b)]
 
 
+def whole_cells(task: str, rec: dict) -> int:
+    """How many of the task's accepted pairs have all 3 seeds in the record."""
+    return sum(len(cell_runs(rec, *p.split("-", 1))) == 3 for p in accepted_pairs(task))
+
+
 def progress(task: str) -> dict:
     """How far the task's sweeps are, from its record: grid and seeds runs over (finished, or diverged: outcomes),
     the cells with all 3 seeds, and the GPU-hours the rest would take at each backbone's mean cost a run so far
@@ -314,7 +319,7 @@ def progress(task: str) -> dict:
             "grid": len(grid_over), "grid_of": len(pairs) * len(grid),
             "diverged": sum(r["status"] == "diverged" for r in over.values()),
             "seeds": len(seeds_over), "seeds_of": 2 * (len(pairs) - len(dead)), "dead": len(dead),
-            "whole": sum(len(cell_runs(rec, *p.split("-", 1))) == 3 for p in pairs),
+            "whole": whole_cells(task, rec),
             "runs_left": sum(left.values()),
             "hours_left": sum(n * mean.get(p.split("-")[0], slowest) for p, n in left.items()) / 3600}
 
@@ -454,9 +459,8 @@ def mqar_summary() -> str:
 
 def seeds_done(task: str, rec: dict) -> str:
     """`39 pairs × 3 seeds`, or `38 of 39 pairs with three seeds so far` while cells lack seeds."""
-    pairs = accepted_pairs(task)
-    done = sum(len(cell_runs(rec, *p.split("-", 1))) == 3 for p in pairs)
-    return f"{done} pairs × 3 seeds" if done == len(pairs) else f"{done} of {len(pairs)} pairs with three seeds so far"
+    done, pairs = whole_cells(task, rec), len(accepted_pairs(task))
+    return f"{done} pairs × 3 seeds" if done == pairs else f"{done} of {pairs} pairs with three seeds so far"
 
 
 def s2_summary() -> str:
